@@ -1,0 +1,218 @@
+"""The ``osdn::`` custom ops: schemas, fake impls, autograd and device dispatch.
+
+Every op's default kernel is the PyTorch implementation in ``osdn_ops.reference`` (the CPU
+kernel); its CUDA kernel comes from ``osdn_ops.triton`` when Triton is importable, else the
+reference. Each forward op's backward is itself a custom op (``*_backward``) with a fake impl,
+so AOTAutograd traces through both without a graph break.
+
+Tensors that may take a gradient (``initial_state`` and ``d0`` included) are positional in the
+op schemas, because autograd only differentiates positional arguments; the public functions
+in ``osdn_ops`` keep them keyword-only. Float hyperparameters are keyword-only plain floats:
+under ``torch.compile`` each distinct value is a constant of the graph, so a new value
+recompiles.
+
+Op schemas (``gate`` names the variant: "none" delta, "scalar" gated, "channel" KDA)::
+
+    precond_scan(k, beta, d0?, retention?, cu_seqlens?, *, eta, d_min, d_max, eps, beta_aware)
+        -> (k_tilde [B,T,H,K], d_final [N,H,K])
+    precond_scan_backward(dk_tilde, dd_final, k, beta, d0?, retention?, cu_seqlens?, *, ...)
+        -> (dk, dbeta, dd0 [N,H,K], dretention (retention's shape, or [0]))
+    chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale)
+    chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
+    chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
+        -> (o [B,T,H,V], final_state [N,H,V,K] or [N,H,K,V] for KDA)
+    chunk_asym_backward(do, dht, q, k, k_tilde, v, g?, beta, initial_state?, cu_seqlens?, *, scale, gate)
+        -> (dq, dk, dk_tilde, dv, dg (g's shape, or [0]), dbeta, dh0 (the state's shape))
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import reference
+from .checks import state_dtype
+
+Opt = Optional[Tensor]
+
+
+def _cuda_kernel(name: str):
+    """The Triton kernel called ``name`` when Triton is installed, else the reference one."""
+    if importlib.util.find_spec("triton") is None:
+        return getattr(reference, name)
+    from .triton import kernels
+
+    return getattr(kernels, name)
+
+
+def _num_seqs(B, cu_seqlens: Opt):
+    return B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+# ---------------------------------------------------------------- precond_scan
+
+@torch.library.custom_op("osdn::precond_scan", mutates_args=())
+def precond_scan(k: Tensor, beta: Tensor, d0: Opt, retention: Opt, cu_seqlens: Opt, *, eta: float,
+                 d_min: float, d_max: float, eps: float, beta_aware: bool) -> tuple[Tensor, Tensor]:
+    return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+
+
+@precond_scan.register_kernel("cuda")
+def _(k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
+    return _cuda_kernel("precond_scan_fwd")(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+
+
+@precond_scan.register_fake
+def _(k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
+    B, T, H, K = k.shape
+    return torch.empty_like(k), k.new_empty((_num_seqs(B, cu_seqlens), H, K), dtype=state_dtype(k))
+
+
+@torch.library.custom_op("osdn::precond_scan_backward", mutates_args=())
+def precond_scan_backward(dk_tilde: Tensor, dd_final: Tensor, k: Tensor, beta: Tensor, d0: Opt, retention: Opt,
+                          cu_seqlens: Opt, *, eta: float, d_min: float, d_max: float, eps: float,
+                          beta_aware: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return reference.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens,
+                                      eta, d_min, d_max, eps, beta_aware)
+
+
+@precond_scan_backward.register_kernel("cuda")
+def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
+    return _cuda_kernel("precond_scan_bwd")(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens,
+                                            eta, d_min, d_max, eps, beta_aware)
+
+
+@precond_scan_backward.register_fake
+def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
+    B, T, H, K = k.shape
+    dd0 = k.new_empty((_num_seqs(B, cu_seqlens), H, K), dtype=state_dtype(k))
+    dr = torch.empty_like(retention) if retention is not None else k.new_empty(0, dtype=state_dtype(k))
+    return torch.empty_like(k), torch.empty_like(beta), dd0, dr
+
+
+def _precond_setup(ctx, inputs, keyword_only_inputs, output):
+    k, beta, d0, retention, cu_seqlens = inputs
+    ctx.save_for_backward(k, beta, d0, retention, cu_seqlens)
+    ctx.hp = keyword_only_inputs
+
+
+def _precond_backward(ctx, dk_tilde, dd_final):
+    k, beta, d0, retention, cu_seqlens = ctx.saved_tensors
+    dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, **ctx.hp)
+    return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None
+
+
+torch.library.register_autograd("osdn::precond_scan", _precond_backward, setup_context=_precond_setup)
+
+
+# ---------------------------------------------------------------- asymmetric delta ops
+
+@torch.library.custom_op("osdn::chunk_asym_backward", mutates_args=())
+def chunk_asym_backward(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Opt,
+                        beta: Tensor, initial_state: Opt, cu_seqlens: Opt, *, scale: float,
+                        gate: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return reference.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+
+
+@chunk_asym_backward.register_kernel("cuda")
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, gate):
+    return _cuda_kernel("chunk_asym_bwd")(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+
+
+@chunk_asym_backward.register_fake
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, gate):
+    dg = torch.empty_like(g) if g is not None else v.new_empty(0, dtype=state_dtype(v))
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k_tilde), torch.empty_like(v), dg,
+            torch.empty_like(beta), torch.empty_like(dht))
+
+
+def _asym_fake(q, v, cu_seqlens, gate):
+    B, T, H, K = q.shape
+    shape = reference.state_shape(gate, _num_seqs(B, cu_seqlens), H, K, v.shape[-1])
+    return torch.empty_like(v), v.new_empty(shape, dtype=state_dtype(v))
+
+
+def _asym_fwd(device: str, gate: str, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale):
+    fwd = _cuda_kernel("chunk_asym_fwd") if device == "cuda" else reference.chunk_asym_fwd
+    return fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+
+
+def _register_asym_autograd(op, gate: str) -> None:
+    """Autograd for an asym op; ``g`` is an input of the op unless ``gate == "none"``."""
+
+    def setup_context(ctx, inputs, keyword_only_inputs, output):
+        if gate == "none":
+            q, k, k_tilde, v, beta, h0, cu = inputs
+            g = None
+        else:
+            q, k, k_tilde, v, g, beta, h0, cu = inputs
+        ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu)
+        ctx.scale = keyword_only_inputs["scale"]
+
+    def backward(ctx, do, dht):
+        q, k, k_tilde, v, g, beta, h0, cu = ctx.saved_tensors
+        dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do, dht, q, k, k_tilde, v, g, beta, h0, cu,
+                                                              scale=ctx.scale, gate=gate)
+        dh0 = dh0 if h0 is not None else None
+        if gate == "none":
+            return dq, dk, dkt, dv, dbeta, dh0, None
+        return dq, dk, dkt, dv, dg, dbeta, dh0, None
+
+    torch.library.register_autograd(op, backward, setup_context=setup_context)
+
+
+@torch.library.custom_op("osdn::chunk_delta_asym", mutates_args=())
+def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, initial_state: Opt,
+                     cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+    return _asym_fwd("cpu", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_delta_asym.register_kernel("cuda")
+def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fwd("cuda", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_delta_asym.register_fake
+def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fake(q, v, cu_seqlens, "none")
+
+
+@torch.library.custom_op("osdn::chunk_gated_delta_asym", mutates_args=())
+def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                           initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+    return _asym_fwd("cpu", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_gated_delta_asym.register_kernel("cuda")
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fwd("cuda", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_gated_delta_asym.register_fake
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fake(q, v, cu_seqlens, "scalar")
+
+
+@torch.library.custom_op("osdn::chunk_kda_asym", mutates_args=())
+def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                   initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+    return _asym_fwd("cpu", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_kda_asym.register_kernel("cuda")
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fwd("cuda", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+
+
+@chunk_kda_asym.register_fake
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
+    return _asym_fake(q, v, cu_seqlens, "channel")
+
+
+_register_asym_autograd(chunk_delta_asym, "none")
+_register_asym_autograd(chunk_gated_delta_asym, "scalar")
+_register_asym_autograd(chunk_kda_asym, "channel")
+
+ASYM_OPS = {"none": chunk_delta_asym, "scalar": chunk_gated_delta_asym, "channel": chunk_kda_asym}
