@@ -1,0 +1,125 @@
+"""Triton precond_scan backward: a reverse-time adjoint scan (DESIGN §3).
+
+Shapes as in ``precond``: ``dk_tilde [B,T,H,K]``, ``dd_final [N,H,K]`` -> ``dk`` (k's dtype),
+``dbeta`` (beta's dtype), ``dd0 [N,H,K]`` fp32, ``dretention`` (retention's dtype, or empty [0] fp32).
+
+What is saved and what is recomputed: the forward's only outputs are ``k_tilde`` and ``d_final``,
+and the autograd function keeps just the inputs, so the backward must rebuild ``d_t``. Storing the
+whole trajectory would cost a fp32 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once;
+instead one program per (sequence, head)
+
+1. runs the scan forward and writes ``d`` at every chunk start to a checkpoint buffer
+   (``[slots, H, BK]`` fp32, one row per 64-token chunk: 1/64 of the trajectory);
+2. walks the chunks backwards: recomputes the chunk's ``d_t`` from its checkpoint into a per-program
+   scratch ``[C, BK]`` (in the chunk-parallel form where its check passes, else token by token;
+   it stays in L2), then runs the adjoint token by token from the chunk's last token to its first.
+
+The adjoint of one token, with ``gpre = g * [d_min <= pre <= d_max]`` (torch.clamp's convention)::
+
+    sigma = <gpre, s>;  da = -c sigma;  dc = (1 - a) sigma
+    dr    = <gpre, d>
+    ds    = c (1 - a) gpre + da b' d          (b' = beta if beta_aware else 1)
+    dn    = -dc c / nb  where ||k||^2 >= eps (torch.clamp(min=eps)'s convention), else 0
+    dk    = dk_tilde * d + 2 k (ds + dn)
+    dbeta = da <d, s> + dc eta / nb          (beta_aware; 0 otherwise)
+    g    <- r gpre + dk_tilde * k + da b' s   (the gradient to d_t)
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .precond_chunked import (CHUNK, MAX_SWEEPS, SWEEP_TOL, advance, block_k, flag_slots, load_d0, load_token,
+                              num_warps, sequence_bounds, sequences, token_coefs)
+
+
+@triton.jit
+def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.constexpr):
+    """One token's adjoint: returns ``(g for d_t, dk [BK], dbeta, dr)`` (see the module docstring)."""
+    s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE)
+    ds_d = tl.sum(d * s, 0)
+    a = bb * ds_d
+    pre = r * d + c * (1.0 - a) * s
+    gpre = tl.where((pre >= d_min) & (pre <= d_max), g, 0.0)
+    sigma = tl.sum(gpre * s, 0)
+    dr = tl.sum(gpre * d, 0)
+    da = -c * sigma
+    dc = (1.0 - a) * sigma
+    ds = c * (1.0 - a) * gpre + da * bb * d
+    dn = tl.where(n2 >= eps, -dc * c / nb, 0.0)
+    dk = gkt * d + 2.0 * kv * (ds + dn)
+    if BETA_AWARE:
+        dbeta = da * ds_d + dc * eta / nb
+    else:
+        dbeta = dr * 0.0
+    g = r * gpre + gkt * kv + da * bb * s
+    return g, dk, dbeta, dr
+
+
+@triton.jit
+def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, dk_ptr, dbeta_ptr, dr_ptr,
+                        dd0_ptr, ckpt_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr,
+                        HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
+                        CHUNKED: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, MAX_IT: tl.constexpr,
+                        TOL: tl.constexpr):
+    """Grid (N, H). ``ckpt`` rows ``(bos // C + n + j) * H + h``; ``traj`` ``[N*H, C, BK]``."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
+    offs = tl.arange(0, BK)
+    mk = offs < K
+    slot = bos // C + n
+    d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
+    for t0 in range(bos, eos, C):
+        tl.store(ckpt_ptr + ((slot + (t0 - bos) // C) * H + h) * BK + offs, d)
+        d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta, d_min,
+                        d_max, eps, HAS_R, BETA_AWARE, CHUNKED, False, False, C, BK, MAX_IT, TOL)
+    tl.debug_barrier()
+    g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=mk, other=0.0).to(tl.float32)
+    traj = traj_ptr + (n * H + h) * C * BK
+    nchunks = (eos - bos + C - 1) // C
+    for jj in range(0, nchunks):
+        j = nchunks - 1 - jj
+        t0 = bos + j * C
+        t1 = tl.minimum(t0 + C, eos)
+        d = tl.load(ckpt_ptr + ((slot + j) * H + h) * BK + offs)
+        d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
+                        HAS_R, BETA_AWARE, CHUNKED, False, True, C, BK, MAX_IT, TOL)
+        tl.debug_barrier()
+        for tt in range(0, t1 - t0):
+            t = t1 - 1 - tt
+            dt = tl.load(traj + (t - t0) * BK + offs)
+            kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R)
+            gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=mk, other=0.0).to(tl.float32)
+            g, dk, dbeta, dr = token_adjoint(g, dt, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE)
+            tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk)
+            tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty))
+            if HAS_R:
+                tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty))
+        tl.debug_barrier()
+    tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=mk)
+
+
+def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, chunked):
+    """Launch the backward kernel; returns ``(dk, dbeta, dd0, dretention)``."""
+    B, T, H, K = k.shape
+    N = sequences(k, cu_seqlens)
+    BK = block_k(K)
+    dk = torch.empty_like(k)
+    dbeta = torch.empty_like(beta)
+    dd0 = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
+    dr = torch.empty_like(retention) if retention is not None else torch.empty(0, dtype=torch.float32,
+                                                                               device=k.device)
+    if N * H > 0:
+        ckpt = torch.empty(flag_slots(k, cu_seqlens), H, BK, dtype=torch.float32, device=k.device)
+        traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
+        _precond_bwd_kernel[(N, H)](
+            dk_tilde.contiguous(), dd_final.contiguous(), k, beta, d0 if d0 is not None else k,
+            retention if retention is not None else k, cu_seqlens if cu_seqlens is not None else k,
+            dk, dbeta, dr if retention is not None else dk, dd0, ckpt, traj,
+            T, H, K, float(eta), float(d_min), float(d_max), float(eps),
+            HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+            BETA_AWARE=bool(beta_aware), CHUNKED=bool(chunked), C=CHUNK, BK=BK, MAX_IT=MAX_SWEEPS,
+            TOL=SWEEP_TOL, num_warps=num_warps(K, chunked))
+    return dk, dbeta, dd0, dr
