@@ -59,7 +59,7 @@ def asym_recurrent(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     S0 = (torch.zeros(state_shape(gate, N, H, K, V), dtype=dt, device=v.device)
-          if initial_state is None else initial_state.to(dt, copy=True))
+          if initial_state is None else initial_state.to(dt).clone())
     cast = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta)]
 
     def fn(q_, k_, kt_, v_, g_, b_, S_):
@@ -69,57 +69,155 @@ def asym_recurrent(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate
     return o.to(v.dtype).contiguous(), _to_kv(S, gate).contiguous()
 
 
-def _chunked(q, k, kt, v, g, beta, S, *, scale, gate, C):
-    """WY chunk form of one batch of sequences (DESIGN §4); same shapes as ``_recurrent``."""
+def _prepare(q, k, kt, v, g, beta, *, scale, gate, C):
+    """Intra-chunk quantities of the WY form (DESIGN §4) for one batch of sequences.
+
+    Token tensors ``[b,T,H,...]`` become ``[b,H,n,C,...]`` (zero padded: padding leaves the state
+    untouched). Returns a dict with the chunked inputs, the decays (``E`` ``[..,C,C(,K)]``,
+    ``eG`` ``[..,C,K or 1]``, ``last = e^{G_C}``, None without gate), the masked ``A``
+    (pre-beta ``Araw``), scores ``P`` (scaled), ``Tm = (I + A)^-1``, ``W``, ``U``, ``qg``,
+    ``kg`` and ``kt_end = Kt * tail`` with ``tail = e^{G_C - G}``.
+    """
     b, T, H, K = q.shape
     n = -(-T // C)
     pad = n * C - T
 
-    def chunks(x):  # [b,T,H,...] -> [b,H,n,C,...]; zero padding leaves the state untouched
+    def chunks(x):
         x = x.movedim(2, 1)
         x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, pad)) if pad else x
         return x.reshape(b, H, n, C, *x.shape[3:])
 
-    qc, kc, ktc, vc = chunks(q), chunks(k), chunks(kt), chunks(v)
-    bc = chunks(beta)[..., None]                                     # [b,H,n,C,1]
-    strict = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
-    incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    c = dict(q=chunks(q), k=chunks(k), kt=chunks(kt), v=chunks(v), b=chunks(beta)[..., None], n=n)
+    c["strict"] = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)
+    c["incl"] = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    qk = c["q"] @ c["kt"].transpose(-1, -2)
+    kk = c["k"] @ c["kt"].transpose(-1, -2)
     if gate == "none":
-        A = (kc @ ktc.transpose(-1, -2)) * bc
-        P = qc @ ktc.transpose(-1, -2)
-        kg, qg, kt_end = kc, qc, ktc
-        last = None
+        c.update(E=None, eG=None, last=None, tail=None, qg=c["q"], kg=c["k"], kt_end=c["kt"])
+        Araw, P = kk, qk
     else:
         G = chunks(g if gate == "channel" else g[..., None]).cumsum(-2)   # [b,H,n,C,K or 1]
         diff = G[..., :, None, :] - G[..., None, :, :]                     # [.., t, j, K or 1]
-        decay = torch.exp(torch.where(incl[..., None], diff, float("-inf")))
+        E = torch.exp(torch.where(c["incl"][..., None], diff, float("-inf")))
         if gate == "scalar":
-            decay = decay[..., 0]
-            A = (kc @ ktc.transpose(-1, -2)) * decay * bc
-            P = (qc @ ktc.transpose(-1, -2)) * decay
+            E = E[..., 0]
+            Araw, P = kk * E, qk * E
         else:
-            A = torch.einsum("...tc,...jc,...tjc->...tj", kc, ktc, decay) * bc
-            P = torch.einsum("...tc,...jc,...tjc->...tj", qc, ktc, decay)
-        eG = torch.exp(G)
-        last = eG[..., -1:, :]                                              # [.., 1, K or 1]
-        kg, qg = kc * eG, qc * eG
-        kt_end = ktc * torch.exp(G[..., -1:, :] - G)
-    A = A.masked_fill(~strict, 0)
-    P = P.masked_fill(~incl, 0) * scale
+            Araw = torch.einsum("...tc,...jc,...tjc->...tj", c["k"], c["kt"], E)
+            P = torch.einsum("...tc,...jc,...tjc->...tj", c["q"], c["kt"], E)
+        eG, tail = torch.exp(G), torch.exp(G[..., -1:, :] - G)
+        c.update(E=E, eG=eG, last=eG[..., -1:, :], tail=tail, qg=c["q"] * eG, kg=c["k"] * eG,
+                 kt_end=c["kt"] * tail)
+    c["Araw"] = Araw.masked_fill(~c["strict"], 0)
+    A = c["Araw"] * c["b"]
+    c["P"] = P.masked_fill(~c["incl"], 0) * scale
     eye = torch.eye(C, dtype=A.dtype, device=A.device)
-    Tm = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
-    W = Tm @ (kg * bc)
-    U = Tm @ (vc * bc)
+    c["Tm"] = torch.linalg.solve_triangular(eye + A, eye.expand_as(A), upper=False, unitriangular=True)
+    c["W"] = c["Tm"] @ (c["kg"] * c["b"])
+    c["U"] = c["Tm"] @ (c["v"] * c["b"])
+    return c
+
+
+def _step(c, i, S):
+    """Chunk i from state S [b,H,K,V]: returns (v_new, o_i, next state)."""
+    vnew = c["U"][:, :, i] - c["W"][:, :, i] @ S
+    decayed = S if c["last"] is None else c["last"][:, :, i].transpose(-1, -2) * S
+    return vnew, decayed + c["kt_end"][:, :, i].transpose(-1, -2) @ vnew
+
+
+def _unchunk(x, T):
+    """[b,H,n,C,D] -> [b,T,H,D]."""
+    b, H, n, C = x.shape[:4]
+    return x.reshape(b, H, n * C, -1)[:, :, :T].movedim(1, 2)
+
+
+def _chunked(q, k, kt, v, g, beta, S, *, scale, gate, C):
+    """WY chunk form of one batch of sequences (DESIGN §4); same shapes as ``_recurrent``."""
+    c = _prepare(q, k, kt, v, g, beta, scale=scale, gate=gate, C=C)
     outs = []
+    for i in range(c["n"]):
+        vnew, S_next = _step(c, i, S)
+        outs.append(scale * (c["qg"][:, :, i] @ S) + c["P"][:, :, i] @ vnew)
+        S = S_next
+    return _unchunk(torch.stack(outs, dim=2), q.shape[1]), S
+
+
+def _chunked_bwd(q, k, kt, v, g, beta, do, states, *, scale, gate, C):
+    """Backward of :func:`_chunked`, by hand (a kernel below autograd cannot use autograd).
+
+    ``states`` stacks the initial state and the final state's gradient: ``[b,2,H,K,V]``.
+    Returns ``(grads [b,T,H,2K+K+V+Kg+1], dS0 [b,H,K,V])`` with grads concatenated in the
+    order dq, dk, dkt, dv, dg (Kg = K, 1 or 0 columns), dbeta.
+    """
+    S, dS = states[:, 0], states[:, 1]
+    T = q.shape[1]
+    c = _prepare(q, k, kt, v, g, beta, scale=scale, gate=gate, C=C)
+    n = c["n"]
+    tr = lambda x: x.transpose(-1, -2)  # noqa: E731
+    starts, vnews = [], []
     for i in range(n):
-        vnew = U[:, :, i] - W[:, :, i] @ S
-        outs.append(scale * (qg[:, :, i] @ S) + P[:, :, i] @ vnew)
-        decayed = S if last is None else last[:, :, i].transpose(-1, -2) * S
-        S = decayed + kt_end[:, :, i].transpose(-1, -2) @ vnew
-    o = torch.stack(outs, dim=2).reshape(b, H, n * C, -1)[:, :, :T].movedim(1, 2)
-    return o, S
-
-
+        starts.append(S)
+        vnew, S = _step(c, i, S)
+        vnews.append(vnew)
+    doc = F.pad(do.movedim(2, 1), (0, 0, 0, n * C - T)).reshape(*c["v"].shape[:3], C, -1)
+    keys = ("vnew", "P", "qg", "kt_end", "last", "U", "W")
+    d = {key: [None] * n for key in keys}
+    for i in reversed(range(n)):
+        S_i, vnew, dOi = starts[i], vnews[i], doc[:, :, i]
+        dvnew = tr(c["P"][:, :, i]) @ dOi + c["kt_end"][:, :, i] @ dS
+        d["P"][i] = (dOi @ tr(vnew)).masked_fill(~c["incl"], 0)
+        d["qg"][i] = scale * dOi @ tr(S_i)
+        d["kt_end"][i] = vnew @ tr(dS)
+        dS_prev = scale * tr(c["qg"][:, :, i]) @ dOi - tr(c["W"][:, :, i]) @ dvnew
+        if c["last"] is not None:
+            lastT = tr(c["last"][:, :, i])                                   # [b,H,K or 1,1]
+            d["last"][i] = tr((dS * S_i).sum(-1, keepdim=True))
+            if gate == "scalar":
+                d["last"][i] = d["last"][i].sum(-1, keepdim=True)
+            dS_prev = dS_prev + lastT * dS
+        else:
+            dS_prev = dS_prev + dS
+        d["U"][i], d["W"][i] = dvnew, -dvnew @ tr(S_i)
+        dS = dS_prev
+    d = {key: (torch.stack(val, 2) if val[0] is not None else None) for key, val in d.items()}
+    Tm, bc = c["Tm"], c["b"]
+    dTm = d["U"] @ tr(c["v"] * bc) + d["W"] @ tr(c["kg"] * bc)
+    dBV, dBkg = tr(Tm) @ d["U"], tr(Tm) @ d["W"]
+    dA = -(tr(Tm) @ dTm @ tr(Tm)).masked_fill(~c["strict"], 0)
+    dv = dBV * bc
+    dkg = dBkg * bc
+    db = (dBV * c["v"]).sum(-1, keepdim=True) + (dBkg * c["kg"]).sum(-1, keepdim=True) \
+        + (dA * c["Araw"]).sum(-1, keepdim=True)
+    dAraw, dPraw = dA * bc, d["P"] * scale
+    if gate == "channel":
+        E = c["E"]
+        dk = torch.einsum("...tj,...jc,...tjc->...tc", dAraw, c["kt"], E)
+        dkt = torch.einsum("...tj,...tc,...tjc->...jc", dAraw, c["k"], E) \
+            + torch.einsum("...tj,...tc,...tjc->...jc", dPraw, c["q"], E)
+        dq = torch.einsum("...tj,...jc,...tjc->...tc", dPraw, c["kt"], E)
+        dlogE = (torch.einsum("...tj,...tc,...jc->...tjc", dAraw, c["k"], c["kt"])
+                 + torch.einsum("...tj,...tc,...jc->...tjc", dPraw, c["q"], c["kt"])) * E
+    else:
+        dAE = dAraw if c["E"] is None else dAraw * c["E"]
+        dPE = dPraw if c["E"] is None else dPraw * c["E"]
+        dk, dq = dAE @ c["kt"], dPE @ c["kt"]
+        dkt = tr(dAE) @ c["k"] + tr(dPE) @ c["q"]
+        dlogE = None if c["E"] is None else (dAE * (c["k"] @ tr(c["kt"])) + dPE * (c["q"] @ tr(c["kt"])))[..., None]
+    dq = dq + (d["qg"] if c["eG"] is None else d["qg"] * c["eG"])
+    dk = dk + (dkg if c["eG"] is None else dkg * c["eG"])
+    dkt = dkt + (d["kt_end"] if c["tail"] is None else d["kt_end"] * c["tail"])
+    parts = [dq, dk, dkt, dv]
+    if gate != "none":
+        red = (lambda x: x.sum(-1, keepdim=True)) if gate == "scalar" else (lambda x: x)  # noqa: E731
+        dG = dlogE.sum(-2) - dlogE.sum(-3)                                   # [.., C, K or 1]
+        dG = dG + red(d["qg"] * c["qg"]) + red(dkg * c["kg"])
+        end = red(d["kt_end"] * c["kt_end"])
+        dG = dG - end
+        dG[..., -1, :] += end.sum(-2) + (d["last"] * c["last"])[..., 0, :]
+        parts.append(dG.flip(-2).cumsum(-2).flip(-2))                       # dg = reverse cumsum in the chunk
+    parts.append(db)
+    grads = torch.cat([_unchunk(x, T) for x in parts], -1)
+    return grads, dS
 def asym_chunked(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate, cu_seqlens=None,
                  chunk_size: int = 64):
     """Chunked (WY) asymmetric delta rule; same contract as :func:`asym_recurrent`."""
@@ -128,7 +226,7 @@ def asym_chunked(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate, 
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     S0 = (torch.zeros(state_shape(gate, N, H, K, V), dtype=dt, device=v.device)
-          if initial_state is None else initial_state.to(dt, copy=True))
+          if initial_state is None else initial_state.to(dt).clone())
     cast = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta)]
 
     def fn(q_, k_, kt_, v_, g_, b_, S_):
@@ -148,7 +246,7 @@ def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, 
 
 
 def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
-    """CPU kernel, backward: the vector-Jacobian product of the recomputed chunk form.
+    """CPU kernel, backward: the chunk form's backward by hand, per sequence.
 
     Returns ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)``, each in its input's dtype; ``dg`` is
     empty when there is no gate; ``dh0`` has the public state shape (the gradient to the
@@ -156,18 +254,22 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     """
     dt = compute_dtype(v)
     B, T, H, K = q.shape
+    V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    h0 = (torch.zeros(state_shape(gate, N, H, K, v.shape[-1]), dtype=dt, device=v.device)
+    h0 = (torch.zeros(state_shape(gate, N, H, K, V), dtype=dt, device=v.device)
           if initial_state is None else initial_state.to(dt))
-    gg = g.to(dt) if g is not None else v.new_empty(0, dtype=dt)
+    states = torch.stack([_to_kv(h0, gate), _to_kv(dht.to(dt), gate)], 1)
+    tokens = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta, do)]
 
-    def run(q_, k_, kt_, v_, g_, b_, h_):
-        return asym_chunked(q_, k_, kt_, v_, g_ if g is not None else None, b_, h_, scale=scale, gate=gate,
-                            cu_seqlens=cu_seqlens)
+    def fn(q_, k_, kt_, v_, g_, b_, do_, st):
+        if q_.shape[1] == 0:
+            width = 3 * K + V + {"none": 0, "scalar": 1, "channel": K}[gate] + 1
+            return q_.new_zeros(*q_.shape[:3], width), st[:, 1]
+        return _chunked_bwd(q_, k_, kt_, v_, g_, b_, do_, st, scale=scale, gate=gate, C=64)
 
-    xs = [x.to(dt) for x in (q, k, k_tilde, v)]
-    _, pull = torch.func.vjp(run, *xs, gg, beta.to(dt), h0)
-    dq, dk, dkt, dv, dg, dbeta, dh0 = pull((do.to(dt), dht.to(dt)))
-    dg = dg.to(g.dtype) if g is not None else dg
-    grads = (dq.to(q.dtype), dk.to(k.dtype), dkt.to(k_tilde.dtype), dv.to(v.dtype), dg, dbeta.to(beta.dtype), dh0)
-    return tuple(x.contiguous() for x in grads)
+    grads, dS0 = per_sequence(fn, tokens, states, cu_seqlens)
+    dq, dk, dkt, dv, dg, dbeta = grads.split([K, K, K, V, grads.shape[-1] - 3 * K - V - 1, 1], -1)
+    dg = dg.reshape(g.shape).to(g.dtype) if g is not None else v.new_empty(0, dtype=dt)
+    out = (dq.to(q.dtype), dk.to(k.dtype), dkt.to(k_tilde.dtype), dv.to(v.dtype), dg,
+           dbeta[..., 0].to(beta.dtype), _to_kv(dS0, gate))
+    return tuple(x.contiguous() for x in out)
