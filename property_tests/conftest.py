@@ -40,3 +40,8 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("worst error / tolerance per test")
     for name, (ratio, detail, count) in sorted(WORST.items()):
         terminalreporter.write_line(f"{ratio:10.3e}  {count:5d} examples  {name}  {detail}")
+
+
+def pytest_configure(config):
+    # The Triton interpreter's numpy scalar conversions; not ours to fix.
+    config.addinivalue_line("filterwarnings", "ignore::DeprecationWarning:triton.runtime.interpreter")
