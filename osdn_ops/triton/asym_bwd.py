@@ -1,11 +1,374 @@
-"""Backward of the asymmetric delta ops (placeholder).
+"""Backward of the asymmetric delta engine (DESIGN §4), one Triton engine for the three gates.
 
-The Triton backward replaces this: until then ``chunk_asym_bwd`` runs the reference
-CPU kernel (:func:`osdn_ops.reference.asym.chunk_asym_bwd`), same arguments and returns.
+``GATE`` (constexpr): 0 = "none" (delta), 1 = "scalar" (g ``[B,T,H]``), 2 = "channel" (KDA,
+g ``[B,T,H,K]``). Chunk length C = 64; state ``S: K x V`` inside; K, V <= 256.
+
+Derivation (one chunk of L <= 64 tokens; G = fp32 inclusive cumsum of g in the chunk, G_L its
+last valid row, E[t,j,c] = exp(G_tc - G_jc) for t >= j; S = state at the chunk start, dSn =
+gradient of the state at its end)::
+
+    A = tril(B (K e^G)(Kt e^-G)^T, -1), T = (I + A)^-1, W = T B K e^G, U = T B V
+    Vn = U - W S,  P = scale tril_incl((Q e^G)(Kt e^-G)^T)
+    O = scale (Q e^G) S + P Vn,   S_next = e^{G_L} S + (Kt e^{G_L - G})^T Vn
+
+1. reverse recurrence over chunks (fp32), seeded by dht:
+   dVn = P^T dO + (Kt e^{G_L-G}) dSn;  dS = e^{G_L} dSn + scale (Q e^G)^T dO - W^T dVn.
+2. per chunk: dQ = scale (dO S^T) e^G + sum_j dP[t,j] kt_j E;  dP = scale dO Vn^T (incl. mask)
+   dKt = (Vn dSn^T) e^{G_L-G} + sum_t dP[t,j] q_t E + sum_t beta_t dA[t,j] k_t E
+   dW = -dVn S^T, dU = dVn;  d(BKg) = T^T dW, d(BV) = T^T dU, dT = dW (BKg)^T + dU (BV)^T,
+   dA = -T^T dT T^T (strict mask);  dK = beta e^G T^T dW + beta sum_j dA[t,j] kt_j E,
+   dV = beta T^T dU,  dbeta = rowsum(V T^T dU + Kg T^T dW) + sum_c k (sum_j dA kt E).
+3. gate: every exponent is a difference G_t - G_j or G_L - G_t (never e^{-G} alone, so g down
+   to -20 per token cannot overflow), hence dG = q dQ + k dK - kt dKt per token (and channel),
+   plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
+   dg = reverse cumsum of dG within the chunk (summed over channels for the scalar gate).
+
+Forward intermediates (G, T, W, U, the chunk-start states S and Vn) are recomputed with the
+forward's stage functions: the op's forward keeps only o and the final state.
+Kernels: ``_dv_local`` (P^T dO, parallel), ``_dh`` (the reverse recurrence, one program per
+sequence, head and V block), ``_dqkv`` (step 2, parallel), and for the channel gate
+``_channel_intra`` (the per-channel E terms, which are no matrix products). No atomics: every
+reduction runs inside one program in a fixed order.
 """
-from ..reference.asym import chunk_asym_bwd as _reference_bwd
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..reference import asym as ref
+from .asym_fwd import chunk_states, gate_cumsum, wy_repr
+from .varlen import chunk_table
+
+C = 64
+GATE_ID = {"none": 0, "scalar": 1, "channel": 2}
+
+
+@triton.jit
+def _gated_scores(a, b, G, rows, rm, hh, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+                  GATE: tl.constexpr, PREC: tl.constexpr):
+    """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for t >= j (garbage-free: 0 above)."""
+    i = tl.arange(0, 64)
+    low = i[:, None] >= i[None, :]
+    if GATE == 2:
+        s = tl.zeros([64, 64], tl.float32)
+        for ch in range(K):
+            off = (rows * H + hh) * K + ch
+            ac = tl.load(a + off, mask=rm, other=0.).to(tl.float32)
+            bc = tl.load(b + off, mask=rm, other=0.).to(tl.float32)
+            gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
+            s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+    else:
+        ak = tl.arange(0, BK)
+        m = rm[:, None] & (ak < K)[None, :]
+        off = (rows[:, None] * H + hh) * K + ak[None, :]
+        am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
+        bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
+        s = tl.dot(am, tl.trans(bm), input_precision=PREC)
+        if GATE == 1:
+            gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+            s = s * tl.exp(tl.where(low, gv[:, None] - gv[None, :], float("-inf")))
+        else:
+            s = tl.where(low, s, 0.)
+    return s
+
+
+@triton.jit
+def _dv_local(q, kt, G, do, dvl, table, cu, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+              BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
+    c = tl.program_id(0)
+    hh = tl.program_id(1)
+    n = tl.load(table + 2 * c)
+    if n < 0:
+        return
+    start = tl.load(table + 2 * c + 1).to(tl.int64)
+    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
+    i = tl.arange(0, 64)
+    rm = i < L
+    rows = start + i
+    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC)
+    P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
+    for v0 in range(0, V, BV):
+        ov = v0 + tl.arange(0, BV)
+        m = rm[:, None] & (ov < V)[None, :]
+        off = (rows[:, None] * H + hh) * V + ov[None, :]
+        dO = tl.load(do + off, mask=m, other=0.).to(tl.float32)
+        tl.store(dvl + off, tl.dot(tl.trans(P), dO, input_precision=PREC), mask=m)
+
+
+@triton.jit
+def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H: tl.constexpr, K: tl.constexpr,
+        V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0."""
+    iv = tl.program_id(0)
+    nh = tl.program_id(1)
+    n = nh // H
+    hh = nh % H
+    bos = tl.load(cu + n)
+    eos = tl.load(cu + n + 1)
+    nc = tl.cdiv(eos - bos, 64)
+    f0 = tl.load(first + n)
+    i = tl.arange(0, 64)
+    ak = tl.arange(0, BK)
+    km = ak < K
+    ov = iv * BV + tl.arange(0, BV)
+    vm = ov < V
+    sm = km[:, None] & vm[None, :]
+    if GATE == 2:
+        soff = ak[:, None] * V + ov[None, :]      # public [N,H,K,V]
+    else:
+        soff = ov[None, :] * K + ak[:, None]      # public [N,H,V,K]
+    sbase = nh.to(tl.int64) * K * V
+    dS = tl.load(dht + sbase + soff, mask=sm, other=0.).to(tl.float32)
+    for j in range(nc):
+        ic = nc - 1 - j
+        start = bos + ic * 64
+        L = tl.minimum(eos - start, 64)
+        rm = i < L
+        rows = start + i
+        tl.store(dh + ((f0 + ic) * H + hh) * K * V + ak[:, None] * V + ov[None, :], dS, mask=sm)
+        mk = rm[:, None] & km[None, :]
+        offk = (rows[:, None] * H + hh) * K + ak[None, :]
+        ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
+        qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
+        wm = tl.load(W + offk, mask=mk, other=0.).to(tl.float32)
+        if GATE == 1:
+            gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+            gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32)
+            ktm = ktm * tl.exp(gl - gv)[:, None]
+            qm = qm * tl.exp(gv)[:, None]
+            decay = tl.exp(gl)
+        elif GATE == 2:
+            gm = tl.load(G + offk, mask=mk, other=0.).to(tl.float32)
+            gl = tl.load(G + ((start + L - 1) * H + hh) * K + ak, mask=km, other=0.).to(tl.float32)
+            ktm = ktm * tl.exp(gl[None, :] - gm)
+            qm = qm * tl.exp(gm)
+            decay = tl.exp(gl)[:, None]
+        else:
+            decay = 1.
+        mv = rm[:, None] & vm[None, :]
+        offv = (rows[:, None] * H + hh) * V + ov[None, :]
+        dO = tl.load(do + offv, mask=mv, other=0.).to(tl.float32)
+        dV = tl.load(dvl + offv, mask=mv, other=0.) + tl.dot(ktm, dS, input_precision=PREC)
+        tl.store(dvn + offv, dV, mask=mv)
+        dS = (decay * dS + scale * tl.dot(tl.trans(qm), dO, input_precision=PREC)
+              - tl.dot(tl.trans(wm), dV, input_precision=PREC))
+    tl.store(dh0 + sbase + soff, dS, mask=sm)
+
+
+@triton.jit
+def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dP_buf, dA_buf, last_buf,
+          table, cu, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+          BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+    """Step 2 per chunk. GATE 0/1: final dq, dk, dkt, dv, dbeta (, dg). GATE 2: dv final; fp32 partial
+    dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
+    c = tl.program_id(0)
+    hh = tl.program_id(1)
+    n = tl.load(table + 2 * c)
+    if n < 0:
+        return
+    start = tl.load(table + 2 * c + 1).to(tl.int64)
+    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
+    i = tl.arange(0, 64)
+    rm = i < L
+    rows = start + i
+    ak = tl.arange(0, BK)
+    km = ak < K
+    sbase = (c.to(tl.int64) * H + hh) * K * V
+    offa = (rows[:, None] * H + hh) * 64 + i[None, :]
+    Ti = tl.load(Ainv + offa, mask=rm[:, None] & rm[None, :], other=0.).to(tl.float32)
+    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    dq_i = tl.zeros([64, BK], tl.float32)
+    dw_i = tl.zeros([64, BK], tl.float32)
+    dkt_s = tl.zeros([64, BK], tl.float32)
+    lastv = tl.zeros([BK], tl.float32)
+    dPm = tl.zeros([64, 64], tl.float32)
+    dTu = tl.zeros([64, 64], tl.float32)
+    db = tl.zeros([64], tl.float32)
+    for v0 in range(0, V, BV):
+        ov = v0 + tl.arange(0, BV)
+        vm = ov < V
+        mv = rm[:, None] & vm[None, :]
+        offv = (rows[:, None] * H + hh) * V + ov[None, :]
+        dO = tl.load(do + offv, mask=mv, other=0.).to(tl.float32)
+        Vn = tl.load(vn + offv, mask=mv, other=0.).to(tl.float32)
+        dV = tl.load(dvn + offv, mask=mv, other=0.)
+        vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
+        offs = sbase + ak[:, None] * V + ov[None, :]
+        sm = km[:, None] & vm[None, :]
+        hs = tl.load(h + offs, mask=sm, other=0.)
+        dSn = tl.load(dh + offs, mask=sm, other=0.)
+        dq_i += tl.dot(dO, tl.trans(hs), input_precision=PREC)
+        dw_i += tl.dot(dV, tl.trans(hs), input_precision=PREC)
+        dkt_s += tl.dot(Vn, tl.trans(dSn), input_precision=PREC)
+        lastv += tl.sum(hs * dSn, 1)
+        dPm += tl.dot(dO, tl.trans(Vn), input_precision=PREC)
+        dTu += tl.dot(dV, tl.trans(vv * bt[:, None]), input_precision=PREC)
+        dBV = tl.dot(tl.trans(Ti), dV, input_precision=PREC)
+        tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
+        db += tl.sum(vv * dBV, 1)
+    mk = rm[:, None] & km[None, :]
+    offk = (rows[:, None] * H + hh) * K + ak[None, :]
+    qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
+    km_ = tl.load(k + offk, mask=mk, other=0.).to(tl.float32)
+    ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
+    if GATE == 1:
+        gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+        gm = gv[:, None] + tl.zeros([64, BK], tl.float32)
+        gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32) + tl.zeros([BK], tl.float32)
+    elif GATE == 2:
+        gm = tl.load(G + offk, mask=mk, other=0.).to(tl.float32)
+        gl = tl.load(G + ((start + L - 1) * H + hh) * K + ak, mask=km, other=0.).to(tl.float32)
+    else:
+        gm = tl.zeros([64, BK], tl.float32)
+        gl = tl.zeros([BK], tl.float32)
+    eg = tl.exp(gm)
+    dqm = scale * dq_i * eg
+    dktm = dkt_s * tl.exp(gl[None, :] - gm)
+    lastc = tl.exp(gl) * lastv + tl.sum(ktm * dktm, 0)
+    dW = -dw_i
+    kg = km_ * eg
+    dBK = tl.dot(tl.trans(Ti), dW, input_precision=PREC)
+    dkm = bt[:, None] * eg * dBK
+    db += tl.sum(kg * dBK, 1)
+    dT = tl.dot(dW, tl.trans(kg * bt[:, None]), input_precision=PREC) + dTu
+    dA = -tl.dot(tl.dot(tl.trans(Ti), dT, input_precision=PREC), tl.trans(Ti), input_precision=PREC)
+    valid = rm[:, None] & rm[None, :]
+    dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
+    dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
+    if GATE == 2:
+        tl.store(dP_buf + offa, dPm, mask=valid)
+        tl.store(dA_buf + offa, dA, mask=valid)
+        tl.store(last_buf + (c.to(tl.int64) * H + hh) * K + ak, lastc, mask=km)
+        tl.store(dq + offk, dqm, mask=mk)
+        tl.store(dk + offk, dkm, mask=mk)
+        tl.store(dkt + offk, dktm, mask=mk)
+        tl.store(dbeta + rows * H + hh, db, mask=rm)
+    else:
+        if GATE == 1:
+            D = tl.exp(tl.where(valid & (i[:, None] >= i[None, :]), gv[:, None] - gv[None, :], float("-inf")))
+            dPm = dPm * D
+            dA = dA * D
+        dqm += tl.dot(dPm, ktm, input_precision=PREC)
+        dkr = tl.dot(dA, ktm, input_precision=PREC)
+        dkm += bt[:, None] * dkr
+        db += tl.sum(km_ * dkr, 1)
+        dktm += (tl.dot(tl.trans(dPm), qm, input_precision=PREC)
+                 + tl.dot(tl.trans(dA * bt[:, None]), km_, input_precision=PREC))
+        if GATE == 1:
+            dGt = tl.sum(qm * dqm + km_ * dkm - ktm * dktm, 1)
+            dgt = tl.cumsum(dGt, 0, reverse=True) + tl.sum(lastc, 0)
+            tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
+        tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
+        tl.store(dk + offk, dkm.to(dk.dtype.element_ty), mask=mk)
+        tl.store(dkt + offk, dktm.to(dkt.dtype.element_ty), mask=mk)
+        tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
+
+
+@triton.jit
+def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, pdbeta, dq, dk, dkt, dbeta, dg,
+                   table, cu, H: tl.constexpr, K: tl.constexpr):
+    """Channel gate: add the E terms channel by channel, then dg = reverse cumsum of dG + last-row term."""
+    c = tl.program_id(0)
+    hh = tl.program_id(1)
+    n = tl.load(table + 2 * c)
+    if n < 0:
+        return
+    start = tl.load(table + 2 * c + 1).to(tl.int64)
+    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
+    i = tl.arange(0, 64)
+    rm = i < L
+    rows = start + i
+    valid = rm[:, None] & rm[None, :]
+    offa = (rows[:, None] * H + hh) * 64 + i[None, :]
+    dPm = tl.load(dP_buf + offa, mask=valid, other=0.)
+    dA = tl.load(dA_buf + offa, mask=valid, other=0.)
+    low = i[:, None] >= i[None, :]
+    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    db = tl.load(pdbeta + rows * H + hh, mask=rm, other=0.)
+    lbase = (c.to(tl.int64) * H + hh) * K
+    for ch in range(K):
+        off = (rows * H + hh) * K + ch
+        qc = tl.load(q + off, mask=rm, other=0.).to(tl.float32)
+        kc = tl.load(k + off, mask=rm, other=0.).to(tl.float32)
+        ktc = tl.load(kt + off, mask=rm, other=0.).to(tl.float32)
+        gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
+        E = tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+        dPE = dPm * E
+        dAE = dA * E
+        dqc = tl.load(pdq + off, mask=rm, other=0.) + tl.sum(dPE * ktc[None, :], 1)
+        dkr = tl.sum(dAE * ktc[None, :], 1)
+        dkc = tl.load(pdk + off, mask=rm, other=0.) + bt * dkr
+        db += kc * dkr
+        dktc = (tl.load(pdkt + off, mask=rm, other=0.) + tl.sum(dPE * qc[:, None], 0)
+                + tl.sum(dAE * (bt * kc)[:, None], 0))
+        dG = qc * dqc + kc * dkc - ktc * dktc
+        dgc = tl.cumsum(dG, 0, reverse=True) + tl.load(last_buf + lbase + ch)
+        tl.store(dq + off, dqc.to(dq.dtype.element_ty), mask=rm)
+        tl.store(dk + off, dkc.to(dk.dtype.element_ty), mask=rm)
+        tl.store(dkt + off, dktc.to(dkt.dtype.element_ty), mask=rm)
+        tl.store(dg + off, dgc.to(dg.dtype.element_ty), mask=rm)
+    tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
+
+
+def _pow2(x: int) -> int:
+    return max(16, triton.next_power_of_2(x))
 
 
 def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
-    """Reference backward; the Triton backward replaces it. Returns ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)``."""
-    return _reference_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    """Triton backward: ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)`` (contract of
+    ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if q.dtype == torch.float64 or K > 256 or V > 256:
+        return ref.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    dev = q.device
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    dg = torch.empty(0, dtype=torch.float32, device=dev) if g is None else torch.empty_like(g)
+    if B * T == 0 or N == 0:
+        dg = dg if g is None else torch.zeros_like(g)
+        return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k_tilde), torch.zeros_like(v), dg,
+                torch.zeros_like(beta), dht.float().clone().contiguous())
+    GATE = GATE_ID[gate]
+    cu = (torch.arange(B + 1, device=dev, dtype=torch.int64) * T if cu_seqlens is None
+          else cu_seqlens.to(torch.int64))
+    table = chunk_table(cu, B * T, C)
+    M = table.shape[0]
+    counts = (cu[1:] - cu[:-1] + C - 1) // C
+    first = (torch.cumsum(counts, 0) - counts).contiguous()
+
+    G = None if g is None else gate_cumsum(g, cu_seqlens, C)
+    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate)
+    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate)
+    Gp = beta if G is None else G                 # never read when GATE == 0
+
+    BK = _pow2(K)
+    PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    f32 = dict(dtype=torch.float32, device=dev)
+    dvl = torch.empty(B, T, H, V, **f32)
+    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, _pow2(V)), GATE, PREC,
+                      num_warps=4)
+    dh = torch.empty(M, H, K, V, **f32)
+    dvn = torch.empty(B, T, H, V, **f32)
+    dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
+    BVh = 32 if N * H * triton.cdiv(V, 32) >= 256 else 16
+    _dh[(triton.cdiv(V, BVh), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
+                                       BK, BVh, GATE, PREC, num_warps=4)
+
+    dv = torch.empty_like(v)
+    dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
+    BV = 32 if BK > 128 else min(64, _pow2(V))
+    if GATE == 2:
+        pq, pk, pkt = (torch.empty(B, T, H, K, **f32) for _ in range(3))
+        pb = torch.empty(B, T, H, **f32)
+        dPb, dAb = torch.empty(B, T, H, C, **f32), torch.empty(B, T, H, C, **f32)
+        last = torch.empty(M, H, K, **f32)
+        _dqkv[(M, H)](q, k, k_tilde, v, beta, G, Ainv, h, vn, dvn, dh, do, pq, pk, pkt, dv, pb, dg, dPb, dAb, last,
+                      table, cu, scale, H, K, V, BK, BV, GATE, PREC, num_warps=8)
+        _channel_intra[(M, H)](q, k, k_tilde, beta, G, dPb, dAb, last, pq, pk, pkt, pb, dq, dk, dkt, dbeta, dg,
+                               table, cu, H, K, num_warps=4)
+    else:
+        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dvl, dvl,
+                      dvl, table, cu, scale, H, K, V, BK, BV, GATE, PREC, num_warps=8)
+    return dq, dk, dkt, dv, dg, dbeta, dh0
