@@ -1,0 +1,31 @@
+"""Triton entry points of the asymmetric delta ops: ``chunk_asym_fwd`` and ``chunk_asym_bwd``.
+
+Same contract as :func:`osdn_ops.reference.asym.chunk_asym_fwd` / ``chunk_asym_bwd``. The
+forward composes the stages of :mod:`osdn_ops.triton.asym_fwd`; fp64 inputs and K or V above
+256 run the reference kernel.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..reference import asym as reference
+from .asym_bwd import chunk_asym_bwd
+from .asym_fwd import chunk_layout, chunk_output, chunk_states, gate_cumsum, wy_repr
+
+MAX_DIM = 256
+
+__all__ = ["chunk_asym_bwd", "chunk_asym_fwd"]
+
+
+def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
+    """``(o [B,T,H,V] in v.dtype, final_state fp32 in the public layout)``."""
+    if v.dtype == torch.float64 or q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM:
+        return reference.chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    B, T = q.shape[:2]
+    lay = chunk_layout(cu_seqlens, B, T)
+    G = None if gate == "none" else gate_cumsum(g, cu_seqlens, layout=lay)
+    _, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
+    h_dtype = torch.float32 if k.dtype == torch.float32 else k.dtype
+    h, v_new, final = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=h_dtype)
+    o = chunk_output(q, k_tilde, v_new, h, G, scale, cu_seqlens, gate, layout=lay, out_dtype=v.dtype)
+    return o, final

@@ -1,0 +1,194 @@
+"""Chunk addressing and shared device helpers of the asymmetric delta engine (DESIGN §4).
+
+Every stage of the engine works on 64-token chunks that restart at each sequence start.
+Tensors are token-major ``[B, T, H, D]``; a chunk is identified by its first token (a flat
+token index ``b * T + t``, int64) and its length ``n <= 64``. Without ``cu_seqlens`` chunk
+``c`` of batch row ``b`` starts at ``b * T + c * 64`` and owns row ``b * NT + c`` of the per-chunk
+state tensor ``h``; with ``cu_seqlens`` the grid covers ``varlen.max_chunks`` chunks and
+``varlen.chunk_table`` says which exist (row ``i`` of the table is row ``i`` of ``h``).
+
+Gate modes (constexpr ``GATE``): 0 = "none", 1 = "scalar" (``G [B,T,H]``), 2 = "channel"
+(``G [B,T,H,K]``), where ``G`` is the in-chunk inclusive cumsum of the log decay.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .varlen import chunk_table, max_chunks
+
+CHUNK = 64
+GATE_CODE = {"none": 0, "scalar": 1, "channel": 2}
+
+
+@dataclass
+class ChunkLayout:
+    """Host description of the chunk grid.
+
+    ``n_chunks``: grid size along chunks (``cdiv(T, 64)``, or ``max_chunks`` with varlen);
+    ``NT``: chunks per batch row (dense layout only); ``table``: ``[n_chunks, 2]`` int32 or None;
+    ``first``: ``[N]`` int64 index of each sequence's first chunk (varlen) or None;
+    ``cu``: cu_seqlens or None; ``N``: number of sequences.
+    """
+    n_chunks: int
+    NT: int
+    N: int
+    table: Optional[Tensor]
+    first: Optional[Tensor]
+    cu: Optional[Tensor]
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu is not None
+
+
+def chunk_layout(cu_seqlens: Optional[Tensor], B: int, T: int) -> ChunkLayout:
+    """Chunk grid of ``B`` rows of ``T`` tokens, or of packed sequences; no host sync."""
+    NT = triton.cdiv(T, CHUNK)
+    if cu_seqlens is None:
+        return ChunkLayout(NT, NT, B, None, None, None)
+    cu = cu_seqlens
+    N = cu.shape[0] - 1
+    counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    first = (torch.cumsum(counts, 0) - counts).to(torch.int64).contiguous()
+    return ChunkLayout(max_chunks(T, N, CHUNK), NT, N, chunk_table(cu, T, CHUNK), first, cu)
+
+
+def block(d: int) -> int:
+    """Padded tile width of a feature dimension: a power of two, at least 16."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def operand_type(dtype: torch.dtype):
+    """Type in which the matrix products read their operands (constexpr ``OP`` of the kernels).
+
+    fp32 inputs multiply exactly in fp32; half inputs in their own type (the tensor-core
+    path), except under the CPU interpreter, whose products do not support bf16: there fp32.
+    """
+    if dtype == torch.float32 or os.environ.get("TRITON_INTERPRET") == "1":
+        return tl.float32
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[dtype]
+
+
+@triton.jit
+def mma(a, b, OP: tl.constexpr):
+    """``a @ b`` with fp32 accumulation, operands cast to OP (fp32 operands: exact products)."""
+    if OP == tl.float32:
+        return tl.dot(a.to(OP), b.to(OP), input_precision="ieee")
+    else:
+        return tl.dot(a.to(OP), b.to(OP))
+
+
+@triton.jit
+def chunk_span(pid_c, i_b, cu, table, T, NT, C: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """``(first token int64, length int32 (<= 0: no chunk), h row int64)`` of grid chunk pid_c."""
+    if IS_VARLEN:
+        n = tl.load(table + 2 * pid_c)
+        start = tl.load(table + 2 * pid_c + 1).to(tl.int64)
+        eos = tl.load(cu + tl.maximum(n, 0) + 1).to(tl.int64)
+        length = tl.where(n >= 0, tl.minimum(eos - start, C), 0).to(tl.int32)
+        row = pid_c.to(tl.int64)
+    else:
+        start = i_b.to(tl.int64) * T + pid_c * C
+        length = tl.minimum(T - pid_c * C, C).to(tl.int32)
+        row = i_b.to(tl.int64) * NT + pid_c
+    return start, length, row
+
+
+@triton.jit
+def load_tile(ptr, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+              BD: tl.constexpr):
+    """``[BR, BD]`` tile: rows ``r0..`` (chunk-relative, valid below n), columns ``c0..`` of a
+    ``[.., H, D]`` token-major tensor; zeros outside."""
+    r = r0 + tl.arange(0, BR)
+    c = c0 + tl.arange(0, BD)
+    off = ((start + r[:, None]) * H + i_h) * D + c[None, :]
+    return tl.load(ptr + off, mask=(r[:, None] < n) & (c[None, :] < D), other=0.)
+
+
+@triton.jit
+def store_tile(ptr, x, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+               BD: tl.constexpr):
+    """Store a ``[BR, BD]`` tile where :func:`load_tile` would read it (cast to ptr's type)."""
+    r = r0 + tl.arange(0, BR)
+    c = c0 + tl.arange(0, BD)
+    off = ((start + r[:, None]) * H + i_h) * D + c[None, :]
+    tl.store(ptr + off, x.to(ptr.dtype.element_ty), mask=(r[:, None] < n) & (c[None, :] < D))
+
+
+@triton.jit
+def load_vec(ptr, start, n, r0, i_h, H: tl.constexpr, BR: tl.constexpr):
+    """``[BR]`` per-token values of a ``[.., H]`` tensor, fp32, zeros past n."""
+    r = r0 + tl.arange(0, BR)
+    return tl.load(ptr + (start + r) * H + i_h, mask=r < n, other=0.).to(tl.float32)
+
+
+@triton.jit
+def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, r0, c0, H: tl.constexpr, K: tl.constexpr,
+                   BK: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr,
+                   STRICT: tl.constexpr, OP: tl.constexpr):
+    """``[BC, BC]`` fp32 block ``X[t, j] = sum_c a[t,c] b[j,c] exp(G[t,c] - G[j,c])``.
+
+    Rows ``t`` in ``r0..r0+BC``, columns ``j`` in ``c0..c0+BC`` (chunk-relative). ``DIAG``: the
+    block straddles the diagonal and keeps ``t > j`` (STRICT) or ``t >= j``; otherwise every
+    row is after every column. Entries outside the chunk are zero. Only differences of G are
+    exponentiated, always with a non-positive exponent: the scalar gate multiplies the
+    masked difference matrix; the channel gate scales rows and columns against the first row
+    of the block (off-diagonal) or sums column by column (diagonal).
+    """
+    rows = r0 + tl.arange(0, BC)
+    cols = c0 + tl.arange(0, BC)
+    rv = rows < n
+    cv = cols < n
+    if DIAG:
+        if STRICT:
+            m = rows[:, None] > cols[None, :]
+        else:
+            m = rows[:, None] >= cols[None, :]
+        m = m & rv[:, None] & cv[None, :]
+    else:
+        m = rv[:, None] & cv[None, :]
+    a = load_tile(a_ptr, start, n, r0, 0, i_h, H, K, BC, BK)
+    if GATE == 2:
+        a = a.to(tl.float32)
+        Ga = load_tile(G, start, n, r0, 0, i_h, H, K, BC, BK)
+        ck = tl.arange(0, BK)
+        if DIAG:
+            x = tl.zeros([BC, BC], dtype=tl.float32)
+            for jj in range(BC):
+                col = c0 + jj
+                off = ((start + col) * H + i_h) * K + ck
+                kmask = (ck < K) & (col < n)
+                bj = tl.load(b_ptr + off, mask=kmask, other=0.).to(tl.float32)
+                gj = tl.load(G + off, mask=kmask, other=0.)
+                if STRICT:
+                    keep = rv & (rows > col)
+                else:
+                    keep = rv & (rows >= col)
+                e = tl.exp(tl.where(keep[:, None], Ga - gj[None, :], float("-inf")))
+                xj = tl.sum(a * bj[None, :] * e, axis=1)
+                x = tl.where(tl.arange(0, BC)[None, :] == jj, xj[:, None], x)
+        else:
+            ref = tl.minimum(r0, n - 1)
+            gref = tl.load(G + ((start + ref) * H + i_h) * K + ck, mask=ck < K, other=0.)
+            b = load_tile(b_ptr, start, n, c0, 0, i_h, H, K, BC, BK).to(tl.float32)
+            Gb = load_tile(G, start, n, c0, 0, i_h, H, K, BC, BK)
+            a = a * tl.exp(tl.where(rv[:, None], Ga - gref[None, :], float("-inf")))
+            b = b * tl.exp(tl.where(cv[:, None], gref[None, :] - Gb, float("-inf")))
+            x = mma(a, tl.trans(b), OP)
+    else:
+        b = load_tile(b_ptr, start, n, c0, 0, i_h, H, K, BC, BK)
+        x = mma(a, tl.trans(b), OP)
+        if GATE == 1:
+            ga = load_vec(G, start, n, r0, i_h, H, BC)
+            gb = load_vec(G, start, n, c0, i_h, H, BC)
+            x = x * tl.exp(tl.where(m, ga[:, None] - gb[None, :], float("-inf")))
+        else:
+            x = tl.where(m, x, 0.)
+    return x

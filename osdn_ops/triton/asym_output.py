@@ -1,0 +1,83 @@
+"""Stage 4 of the asymmetric delta engine: the chunk outputs.
+
+``O = scale ((Q e^G) S + tril_incl((Q e^G)(Kt e^-G)^T) Vnew)`` per chunk (DESIGN §4), with ``S``
+the chunk-start state from :func:`chunk_states`. One program per (V block, chunk, batch*head).
+Without a gate or with the scalar gate the scores are one 64 x 64 product; with the channel gate
+they are built in 16 x 16 blocks (:func:`decayed_scores`) so every exponent stays non-positive.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
+                          load_tile, load_vec, mma, operand_type, store_tile)
+
+
+@triton.jit
+def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H: tl.constexpr, K: tl.constexpr,
+                   V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
+                   IS_VARLEN: tl.constexpr, OP: tl.constexpr):
+    i_v, pid_c, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b, i_h = pid_bh // H, pid_bh % H
+    start, n, row = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
+    if n <= 0:
+        return
+    ck = tl.arange(0, BK)
+    cv = i_v * BV + tl.arange(0, BV)
+    S = tl.load(h + (row * H + i_h) * K * V + ck[:, None] * V + cv[None, :],
+                mask=(ck[:, None] < K) & (cv[None, :] < V), other=0.).to(OP)
+    if GATE == 2:
+        for i in tl.static_range(4):
+            rv = (16 * i + tl.arange(0, 16)) < n
+            qi = load_tile(q, start, n, 16 * i, 0, i_h, H, K, 16, BK).to(tl.float32)
+            Gi = load_tile(G, start, n, 16 * i, 0, i_h, H, K, 16, BK)
+            qi = qi * tl.exp(tl.where(rv[:, None], Gi, float("-inf")))
+            acc = mma(qi.to(OP), S, OP)
+            for j in tl.static_range(i + 1):
+                P = decayed_scores(q, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, False, OP)
+                vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
+                acc += mma(P.to(OP), vj, OP)
+            store_tile(o, acc * scale, start, n, 16 * i, i_v * BV, i_h, H, V, 16, BV)
+    else:
+        P = decayed_scores(q, kt, G, start, n, i_h, 0, 0, H, K, BK, C, GATE, True, False, OP)
+        qq = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK)
+        if GATE == 1:
+            r = tl.arange(0, C)
+            eg = tl.exp(tl.where(r < n, load_vec(G, start, n, 0, i_h, H, C), float("-inf")))
+            qq = (qq * eg[:, None]).to(OP)
+        acc = mma(qq, S, OP)
+        vn = load_tile(vnew, start, n, 0, i_v * BV, i_h, H, V, C, BV).to(OP)
+        acc += mma(P.to(OP), vn, OP)
+        store_tile(o, acc * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
+
+
+#: launch settings of the output kernel: V block, warps, stages
+OUTPUT_CONFIG = dict(block_v=64, num_warps=4, num_stages=2)
+
+
+def chunk_output(q: Tensor, k_tilde: Tensor, v_new: Tensor, h: Tensor, G: Optional[Tensor], scale: float,
+                 cu_seqlens: Optional[Tensor], gate: str, layout: Optional[ChunkLayout] = None,
+                 out_dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Chunk outputs ``o [B,T,H,V]`` (dtype ``out_dtype``, default v_new's, which is v's).
+
+    ``q, k_tilde [B,T,H,K]``, ``v_new [B,T,H,V]`` and ``h`` from :func:`chunk_states`, ``G``
+    from :func:`gate_cumsum` or None.
+    """
+    B, T, H, K = q.shape
+    V = v_new.shape[-1]
+    o = torch.empty(B, T, H, V, dtype=out_dtype or v_new.dtype, device=q.device)
+    lay = layout or chunk_layout(cu_seqlens, B, T)
+    if lay.n_chunks * B * H == 0:
+        return o
+    cfg = OUTPUT_CONFIG
+    BV = min(block(V), cfg["block_v"])
+    _output_kernel[(triton.cdiv(V, BV), lay.n_chunks, B * H)](
+        q, k_tilde, v_new, h, q if G is None else G, o, lay.cu, lay.table, T, lay.NT, scale,
+        H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
+        OP=operand_type(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return o
