@@ -26,7 +26,7 @@ MAX_K = 256
 CHUNKED_DEFAULT = True
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "H", "K"])
 def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, kt_ptr, dfin_ptr, flag_ptr, T, H, K,
                         eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, CHUNKED: tl.constexpr,

@@ -57,7 +57,7 @@ def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.co
     return g, dk, dbeta, dr
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "H", "K"])
 def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, dk_ptr, dbeta_ptr, dr_ptr,
                         dd0_ptr, ckpt_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr,
                         HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
@@ -102,10 +102,15 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
 
 
 def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, chunked):
-    """Launch the backward kernel; returns ``(dk, dbeta, dd0, dretention)``."""
+    """Launch the backward kernel; returns ``(dk, dbeta, dd0, dretention)``.
+
+    The chunk-parallel recompute is used up to K = 128 only: at K = 256 its two inlined copies need
+    more shared memory (256 KiB for sm_90) than a block may have, so the recompute goes token by token.
+    """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     BK = block_k(K)
+    chunked = chunked and BK <= 128
     dk = torch.empty_like(k)
     dbeta = torch.empty_like(beta)
     dd0 = torch.empty(N, H, K, dtype=torch.float32, device=k.device)

@@ -1,0 +1,203 @@
+"""Triton precond_scan (forward, d_final, every gradient) against the float64 token-by-token oracle.
+
+CPU tests run the kernels under the Triton interpreter on tiny shapes; GPU tests (CUDA only) use the
+BENCH.md shapes, scaled down in T or heads where the Python-loop oracle would be too slow.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import osdn_ops.triton as ot
+from osdn_ops.reference import precond_scan_recurrent
+from osdn_ops.triton import precond as tp
+
+HP = dict(d_min=0.5, d_max=2.0, eps=1e-6)
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # the tiny-shape tests run on either
+
+
+def rel(x, ref):
+    """Relative RMS error in float64 (NaN fails every bound)."""
+    x, ref = x.double(), ref.double()
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def vocab_keys(B, T, H, K, n_keys, gen, device):
+    """Keys drawn from a fixed vocabulary ``normalize(softmax(4 * N(0,1)) ** 0.5)`` (the clamp fires)."""
+    vocab = F.normalize(torch.softmax(4 * torch.randn(n_keys, K, generator=gen), -1) ** 0.5, dim=-1)
+    return vocab[torch.randint(0, n_keys, (B, T, H), generator=gen)].to(device)
+
+
+def problem(B=1, T=70, H=1, K=16, *, dtype=torch.float32, cu=None, d0=True, retention=True, keys="unit",
+            n_keys=8, seed=0, device=DEV):
+    """Inputs ``k, beta, d0, retention, cu_seqlens`` (fresh random values)."""
+    gen = torch.Generator().manual_seed(seed)
+    N = B if cu is None else len(cu) - 1
+    if keys == "vocab":
+        k = vocab_keys(B, T, H, K, n_keys, gen, device)
+    else:
+        k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(device)
+    sd = torch.float64 if dtype == torch.float64 else torch.float32
+    beta = torch.sigmoid(torch.randn(B, T, H, generator=gen)).to(device, sd)
+    x = dict(k=k.to(dtype), beta=beta,
+             d0=(0.6 + 1.2 * torch.rand(N, H, K, generator=gen)).to(device, sd) if d0 else None,
+             retention=(0.97 + 0.03 * torch.rand(B, T, H, generator=gen)).to(device, sd) if retention else None,
+             cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device))
+    return x
+
+
+def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None):
+    """Forward, d_final and gradients of osdn_ops.triton.precond_scan against the float64 oracle."""
+    gtol = tol if gtol is None else gtol
+    hp = dict(HP, eta=eta, beta_aware=beta_aware)
+    leaves = {n: x[n].detach().clone().requires_grad_() for n in ("k", "beta", "d0", "retention") if x[n] is not None}
+    kt, df = ot.precond_scan(leaves["k"], leaves["beta"], leaves.get("d0"), leaves.get("retention"),
+                             cu_seqlens=x["cu_seqlens"], **hp)
+    assert kt.dtype == x["k"].dtype and df.dtype == (torch.float64 if kt.dtype == torch.float64 else torch.float32)
+    oracle = {n: t.detach().double().requires_grad_() for n, t in leaves.items()}
+    kr, dr = precond_scan_recurrent(oracle["k"], oracle["beta"], oracle.get("d0"), oracle.get("retention"),
+                                    cu_seqlens=x["cu_seqlens"], **hp)
+    assert rel(kt, kr) < tol and rel(df, dr) < tol
+    gk, gd = torch.randn_like(kr), torch.randn_like(dr)
+    torch.autograd.backward((kt, df), (gk.to(kt.dtype), gd.to(df.dtype)))
+    ref = torch.autograd.grad((kr * gk).sum() + (dr * gd).sum(), list(oracle.values()), allow_unused=True,
+                              materialize_grads=True)
+    for (name, leaf), g_ref in zip(leaves.items(), ref):
+        assert leaf.grad.dtype == leaf.dtype, name
+        if g_ref.abs().max() == 0:
+            assert leaf.grad.abs().max() == 0, name
+        else:
+            assert rel(leaf.grad, g_ref) < gtol, (name, rel(leaf.grad, g_ref))
+
+
+def share(x, *, eta, beta_aware=True):
+    return tp.precond_fallback_share(x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], eta=eta,
+                                     beta_aware=beta_aware, **HP)
+
+
+# ------------------------------------------------------------------ tiny shapes (the interpreter on CPU)
+
+def test_d0_retention_batch():
+    check(problem(B=2, T=70, H=2), eta=0.05)
+
+
+@pytest.mark.parametrize("beta_aware", [True, False])
+def test_defaults_t_not_multiple_of_chunk(beta_aware):
+    x = problem(T=130, K=32, d0=False, retention=False)
+    check(x, eta=0.02, beta_aware=beta_aware)
+    assert share(x, eta=0.02, beta_aware=beta_aware) == 0.0     # no clamp: every chunk in parallel form
+
+
+def test_clamp_heavy_repeated_keys():
+    x = problem(T=130, keys="vocab", retention=False)
+    check(x, eta=2.0, gtol=1e-3)
+    assert share(x, eta=2.0) > 0.0                               # the token-by-token fallback ran
+
+
+def test_pinned_coordinates_stay_chunk_parallel():
+    """d0 on d_max with beta < 1/2: the pre-clamp value points outward, so the coordinates are pinned."""
+    x = problem(T=130, retention=False)
+    x["d0"] = torch.full_like(x["d0"], 2.0)
+    x["d0"][..., :4] = 1.0
+    x["beta"] = 0.3 * x["beta"]
+    check(x, eta=0.05)
+    assert share(x, eta=0.05) == 0.0
+
+
+def test_retention_drives_to_bound_then_pins():
+    x = problem(T=130)
+    x["retention"] = torch.full_like(x["retention"], 0.97)
+    x["d0"] = torch.full_like(x["d0"], 0.5)
+    x["d0"][..., :4] = 1.0
+    check(x, eta=0.01)
+    assert 0.0 < share(x, eta=0.01) < 1.0
+
+
+def test_zero_and_tiny_keys_eps_floor():
+    x = problem(T=40, retention=False)
+    x["k"][:, 3] = 0.0
+    x["k"][:, 10] = 1e-4 * x["k"][:, 10]                          # ||k||^2 = 1e-8 < eps
+    check(x, eta=1e-7)
+
+
+def test_varlen_empty_and_single_token_bf16():
+    x = problem(T=100, K=24, cu=[0, 0, 1, 40, 40, 100], dtype=torch.bfloat16)
+    check(x, eta=0.05, tol=1e-2, gtol=2e-2)
+
+
+def test_sequential_and_chunked_forms_agree():
+    x = problem(T=80, H=2, retention=False)
+    args = (x["k"], x["beta"], x["d0"], None, None, 0.05, 0.5, 2.0, 1e-6, True)
+    for a, b in zip(tp.precond_scan_fwd(*args, chunked=True), tp.precond_scan_fwd(*args, chunked=False)):
+        assert rel(a, b) < 1e-5
+    g = (torch.randn_like(x["k"]), torch.randn(1, 2, 16, device=DEV))
+    for a, b in zip(tp.precond_scan_bwd(*g, *args, chunked=True), tp.precond_scan_bwd(*g, *args, chunked=False)):
+        assert rel(a, b) < 1e-5 if a.numel() else b.numel() == 0
+
+
+def test_empty_time_and_float64_reference():
+    x = problem(B=2, T=0)
+    kt, df = ot.precond_scan(x["k"], x["beta"], x["d0"], x["retention"], eta=0.1, beta_aware=True, **HP)
+    assert kt.shape == x["k"].shape and torch.equal(df, x["d0"])
+    check(problem(T=20, dtype=torch.float64), eta=0.05, tol=1e-10)
+
+
+# ------------------------------------------------------------------ GPU, BENCH.md shapes (scaled)
+
+@cuda
+@pytest.mark.parametrize("shape", [(2, 2048, 2, 128), (1, 4096, 2, 128), (1, 8192, 1, 128)],
+                         ids=["S1-like", "S2-like", "S3-like"])
+@pytest.mark.parametrize("opts", [dict(d0=False, retention=False), dict(d0=True, retention=True)],
+                         ids=["defaults", "d0-retention"])
+def test_gpu_bench_shapes(shape, opts):
+    B, T, H, K = shape
+    check(problem(B, T, H, K, dtype=torch.bfloat16, device="cuda", **opts), eta=0.003, tol=1e-2, gtol=2e-2)
+
+
+@cuda
+def test_gpu_clamp_heavy():
+    x = problem(1, 2048, 2, 128, dtype=torch.bfloat16, keys="vocab", n_keys=32, d0=False, retention=False,
+                device="cuda")
+    check(x, eta=0.5, tol=1e-2, gtol=3e-2)
+
+
+@cuda
+def test_gpu_fp32_beta_unaware():
+    check(problem(2, 1024, 2, 64, device="cuda"), eta=0.01, beta_aware=False)
+
+
+@cuda
+def test_gpu_varlen_empty_sequences():
+    x = problem(1, 2048, 2, 128, cu=[0, 0, 700, 700, 701, 2048, 2048], dtype=torch.bfloat16, device="cuda")
+    check(x, eta=0.003, tol=1e-2, gtol=2e-2)
+
+
+@cuda
+def test_gpu_k256_and_fallback_reference_sizes():
+    check(problem(1, 512, 2, 256, dtype=torch.bfloat16, device="cuda"), eta=0.01, tol=1e-2, gtol=2e-2)
+    check(problem(1, 64, 1, 320, device="cuda"), eta=0.01)     # K > 256: reference kernel
+
+
+@cuda
+def test_gpu_more_than_2_31_elements():
+    """k has > 2^31 elements; the sequences at both ends (the last past 2^31) match the oracle."""
+    H, K = 4, 128
+    T = 2**31 // (H * K) + 4096
+    k = torch.randn(1, T, H, K, dtype=torch.bfloat16, device="cuda") * K ** -0.5
+    beta = torch.rand(1, T, H, device="cuda")
+    cu = torch.tensor([0, 1000, T - 2000, T - 1000, T], dtype=torch.int64, device="cuda")
+    hp = dict(HP, eta=0.05, beta_aware=True)
+    kt, df = tp.precond_scan_fwd(k, beta, None, None, cu, 0.05, 0.5, 2.0, 1e-6, True)
+    dkt = torch.randn_like(kt)
+    ddf = torch.randn_like(df)
+    dk, dbeta, _, _ = tp.precond_scan_bwd(dkt, ddf, k, beta, None, None, cu, 0.05, 0.5, 2.0, 1e-6, True)
+    for n, (s, e) in ((0, (0, 1000)), (3, (T - 1000, T))):
+        ks = k[:, s:e].double().requires_grad_()
+        bs = beta[:, s:e].double().requires_grad_()
+        kr, dr = precond_scan_recurrent(ks, bs, **hp)
+        assert rel(kt[:, s:e], kr) < 1e-2 and rel(df[n], dr[0]) < 1e-4
+        gk, gb = torch.autograd.grad((kr * dkt[:, s:e].double()).sum() + (dr * ddf[n].double()).sum(), [ks, bs])
+        assert rel(dk[:, s:e], gk) < 2e-2 and rel(dbeta[:, s:e], gb) < 1e-4
+    assert torch.isfinite(df).all()
