@@ -57,6 +57,16 @@ def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.co
     return g, dk, dbeta, dr
 
 
+@triton.jit
+def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R: tl.constexpr, BK: tl.constexpr):
+    """Token ``t``'s ``d_t`` (from the chunk scratch), key, beta, retention and ``dk_tilde``."""
+    offs = tl.arange(0, BK)
+    dt = tl.load(traj + (t - t0) * BK + offs)
+    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R)
+    gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+    return dt, kv, b, r, gkt
+
+
 @triton.jit(do_not_specialize=["T", "H", "K"])
 def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, dk_ptr, dbeta_ptr, dr_ptr,
                         dd0_ptr, ckpt_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr,
@@ -87,16 +97,18 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
         d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
                         HAS_R, BETA_AWARE, CHUNKED, False, True, C, BK, MAX_IT, TOL)
         tl.debug_barrier()
+        # the next (earlier) token's inputs are loaded before this token's reductions
+        dt, kv, b, r, gkt = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 1, t0, h, H, K, HAS_R, BK)
         for tt in range(0, t1 - t0):
             t = t1 - 1 - tt
-            dt = tl.load(traj + (t - t0) * BK + offs)
-            kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R)
-            gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=mk, other=0.0).to(tl.float32)
+            dp, kp, bp, rp, gp = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, tl.maximum(t - 1, t0), t0,
+                                                 h, H, K, HAS_R, BK)
             g, dk, dbeta, dr = token_adjoint(g, dt, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE)
             tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk)
             tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty))
             if HAS_R:
                 tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty))
+            dt, kv, b, r, gkt = dp, kp, bp, rp, gp
         tl.debug_barrier()
     tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=mk)
 
