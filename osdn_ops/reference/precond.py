@@ -64,7 +64,7 @@ def precond_scan_recurrent(
     dt = compute_dtype(k)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    d_init = torch.ones(N, H, K, dtype=dt, device=k.device) if d0 is None else d0.to(dt, copy=True)
+    d_init = torch.ones(N, H, K, dtype=dt, device=k.device) if d0 is None else d0.to(dt).clone()
     r = None if retention is None else retention.to(dt)
 
     def fn(k_, b_, r_, d_):
@@ -82,26 +82,62 @@ def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps,
                                       eps=eps, beta_aware=beta_aware, cu_seqlens=cu_seqlens)
 
 
+def _scan_bwd(k, beta, r, dkt, states, *, eta, d_min, d_max, eps, beta_aware):
+    """Reverse-time adjoint of :func:`_scan` for one batch of sequences.
+
+    ``states`` stacks ``d0`` and the gradient of ``d_final``: ``[b,2,H,K]``. Recomputes the
+    trajectory ``d_t``, then walks back through the clamp (gradient where
+    ``d_min <= pre <= d_max``, as torch.clamp) and the eps floor (where ``|k|^2 >= eps``).
+    Returns ``(grads [b,t,H,K+2] = dk | dbeta | dretention, dd0 [b,H,K])``.
+    """
+    traj, _ = _scan(k, beta, r, states[:, 0], eta=eta, d_min=d_min, d_max=d_max, eps=eps,
+                    beta_aware=beta_aware, trajectory=True)
+    dd = states[:, 1]
+    out = torch.zeros(*k.shape[:3], k.shape[3] + 2, dtype=k.dtype, device=k.device)
+    for t in reversed(range(k.shape[1])):
+        d, kk, bt = traj[:, t], k[:, t], beta[:, t, :, None]
+        rt = 1.0 if r is None else r[:, t, :, None]
+        s = kk * kk
+        ssum = s.sum(-1, keepdim=True)
+        nb = torch.clamp(ssum, min=eps)
+        dot = (d * s).sum(-1, keepdim=True)
+        ba = bt if beta_aware else 1.0
+        c = eta * ba / nb
+        m = 1 - ba * dot
+        pre = rt * d + c * m * s
+        dpre = dd * ((pre >= d_min) & (pre <= d_max))
+        dz = (dpre * s).sum(-1, keepdim=True)            # z = c * m
+        ds = dpre * c * m
+        da = -dz * c                                        # a = ba * dot
+        ds = ds + da * ba * d
+        dnb = -dz * m * c / nb
+        ds = ds + dnb * (ssum >= eps)
+        out[:, t, :, :-2] = 2 * kk * ds + dkt[:, t] * d
+        if beta_aware:
+            out[:, t, :, -2] = (da * dot + dz * m * eta / nb)[..., 0]
+        out[:, t, :, -1] = (dpre * d).sum(-1)
+        dd = dpre * rt + da * ba * s + dkt[:, t] * kk
+    return out, dd
+
+
 def precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max,
                      eps, beta_aware):
-    """CPU kernel, backward: the vector-Jacobian product of the recomputed scan.
+    """CPU kernel, backward: the reverse-time adjoint scan, per sequence.
 
-    ``torch.func.vjp`` rather than ``torch.autograd`` because a custom op's kernel runs below
-    the autograd dispatch keys. Returns ``(dk, dbeta, dd0, dretention)``; ``dd0`` is
-    ``[N,H,K]`` in the state dtype (the gradient to the default all-ones ``d0`` when none was
-    given), ``dretention`` has retention's shape or is empty when there is no retention.
+    Returns ``(dk, dbeta, dd0, dretention)``; ``dd0`` is ``[N,H,K]`` in the state dtype (the
+    gradient to the default all-ones ``d0`` when none was given), ``dretention`` has
+    retention's shape or is empty when there is no retention.
     """
     dt = compute_dtype(k)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     d_init = torch.ones(N, H, K, dtype=dt, device=k.device) if d0 is None else d0.to(dt)
-    r = retention.to(dt) if retention is not None else k.new_empty(0, dtype=dt)
+    states = torch.stack([d_init, dd_final.to(dt)], 1)
+    r = None if retention is None else retention.to(dt)
 
-    def scan(k_, b_, d_, r_):
-        return precond_scan_recurrent(k_, b_, d_, r_ if retention is not None else None, eta=eta, d_min=d_min,
-                                      d_max=d_max, eps=eps, beta_aware=beta_aware, cu_seqlens=cu_seqlens)
+    def fn(k_, b_, r_, dkt_, st):
+        return _scan_bwd(k_, b_, r_, dkt_, st, eta=eta, d_min=d_min, d_max=d_max, eps=eps, beta_aware=beta_aware)
 
-    _, pull = torch.func.vjp(scan, k.to(dt), beta.to(dt), d_init, r)
-    dk, dbeta, dd0, dr = pull((dk_tilde.to(dt), dd_final.to(dt)))
-    dr = dr.to(retention.dtype) if retention is not None else dr
-    return tuple(x.contiguous() for x in (dk.to(k.dtype), dbeta.to(beta.dtype), dd0, dr))
+    grads, dd0 = per_sequence(fn, [k.to(dt), beta.to(dt), r, dk_tilde.to(dt)], states, cu_seqlens)
+    dr = grads[..., -1].to(retention.dtype) if retention is not None else k.new_empty(0, dtype=dt)
+    return tuple(x.contiguous() for x in (grads[..., :-2].to(k.dtype), grads[..., -2].to(beta.dtype), dd0, dr))

@@ -1,0 +1,189 @@
+"""Gradients of the Triton asymmetric delta ops (osdn_ops.triton.asym_bwd) against fp64 autograd.
+
+CPU: the Triton interpreter on tiny shapes, every gradient vs autograd of the token-by-token
+oracle. GPU (skipped without CUDA): real shapes vs fp64 autograd of the chunked reference.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import osdn_ops.triton as ot
+from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
+from osdn_ops.triton.asym_bwd import chunk_asym_bwd
+
+from .inputs import asym_problem, rel_rms
+
+NAMES = ["q", "k", "k_tilde", "v", "g", "beta", "initial_state"]
+OPS = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _triton(gate, x, scale):
+    args = [x["q"], x["k"], x["k_tilde"], x["v"]] + ([] if gate == "none" else [x["g"]]) + [x["beta"]]
+    return OPS[gate](*args, scale=scale, initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"])
+
+
+def _oracle(fn, gate, x, scale):
+    x64 = {n: None if x[n] is None else x[n].detach().double().requires_grad_() for n in NAMES}
+    o, s = fn(*(x64[n] for n in NAMES), scale=scale, gate=gate, cu_seqlens=x["cu_seqlens"])
+    return x64, o, s
+
+
+def _check(gate, x, fn=asym_recurrent, tol=1e-4, scale=0.37, seed=0):
+    """Every gradient of the Triton op vs fp64 autograd of ``fn``, seeds on o and the final state."""
+    o, s = _triton(gate, x, scale)
+    x64, o64, s64 = _oracle(fn, gate, x, scale)
+    gen = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)
+    ds = torch.randn(s.shape, generator=gen, dtype=torch.float64).to(o.device)
+    names = [n for n in NAMES if x[n] is not None]
+    got = torch.autograd.grad((o, s), [x[n] for n in names], (do.to(o.dtype), ds.to(s.dtype)))
+    want = torch.autograd.grad((o64, s64), [x64[n] for n in names], (do, ds))
+    for name, a, b, leaf in zip(names, got, want, (x[n] for n in names)):
+        assert a.dtype == leaf.dtype and a.shape == leaf.shape, name
+        err = rel_rms(a, b)
+        assert err < tol, f"d{name}: rel rms {err:.2e} >= {tol:.0e}"
+
+
+def _problem(gate, T, dtype=torch.float32, B=2, H=2, K=16, V=16, device="cpu", **kw):
+    return asym_problem(gate, B=B, T=T, H=H, K=K, V=V, dtype=dtype, requires_grad=True, device=device, **kw)
+
+
+def _strong_decay(x, gate, seed=0):
+    """g spanning (-20, 0] per token: in-chunk cumulative gates reach about -600."""
+    if gate != "none":
+        gen = torch.Generator().manual_seed(seed)
+        g = -20 * torch.rand(x["g"].shape, generator=gen) ** 2
+        x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
+    return x
+
+
+# ---------------------------------------------------------------- CPU (Triton interpreter)
+
+@pytest.mark.parametrize("gate", GATES)
+def test_grads_fp32_three_chunks(gate):
+    _check(gate, _problem(gate, 130, B=1, V=32, initial_state=False, seed=130))
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_grads_bf16_single_token(gate):
+    _check(gate, _problem(gate, 1, dtype=torch.bfloat16, seed=1), tol=2e-2)
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_grads_varlen_empty_and_single(gate):
+    x = _problem(gate, 80, B=1, cu_seqlens=[0, 0, 1, 1, 71, 80], seed=2)
+    _check(gate, x)
+
+
+@pytest.mark.parametrize("gate", ["scalar", "channel"])
+def test_grads_strong_decay(gate):
+    x = _strong_decay(_problem(gate, 50, B=2, seed=3), gate)
+    _check(gate, x)
+
+
+# ---------------------------------------------------------------- GPU
+
+def _gpu(gate, B, T, H, K, V, dtype=torch.bfloat16, cu=None, seed=0, h0=True):
+    return _problem(gate, T, dtype=dtype, B=B, H=H, K=K, V=V, device="cuda", cu_seqlens=cu, seed=seed,
+                    initial_state=h0)
+
+
+def _tol(dtype):
+    return 1e-4 if dtype == torch.float32 else 2e-2
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("shape", [(2, 2048, 4, 128, 128), (1, 4096, 2, 128, 128)])
+def test_gpu_bench_shapes(gate, shape):
+    _check(gate, _gpu(gate, *shape), fn=asym_chunked, tol=_tol(torch.bfloat16))
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+def test_gpu_long_sequence(gate):
+    _check(gate, _gpu(gate, 1, 65536, 1, 64, 64, seed=4), fn=asym_chunked, tol=_tol(torch.bfloat16))
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+def test_gpu_varlen(gate):
+    gen = torch.Generator().manual_seed(5)
+    cuts = torch.randint(0, 32768, (15,), generator=gen).sort().values.tolist()
+    cu = [0] + cuts + [32768]
+    _check(gate, _gpu(gate, 1, 32768, 2, 128, 128, cu=cu, seed=5), fn=asym_chunked, tol=_tol(torch.bfloat16))
+
+
+@cuda
+@pytest.mark.parametrize("gate", ["scalar", "channel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_strong_decay(gate, dtype):
+    x = _strong_decay(_gpu(gate, 2, 700, 2, 64, 64, dtype=dtype, seed=6), gate)
+    _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
+
+
+@cuda
+@pytest.mark.parametrize("case", range(30))
+def test_gpu_random_shapes(case):
+    """Many shapes vs the fp64 reference (guards against miscompiles on this Triton/GPU pair)."""
+    gen = torch.Generator().manual_seed(100 + case)
+
+    def pick(xs):
+        return xs[torch.randint(len(xs), (1,), generator=gen).item()]
+
+    gate = GATES[case % 3]
+    dtype = pick([torch.float32, torch.bfloat16, torch.float16])
+    K, V = pick([16, 32, 48, 64, 100, 128, 256]), pick([16, 32, 64, 96, 128, 256])
+    H = pick([1, 2, 3])
+    if case % 4 == 3:
+        lens = torch.randint(0, 300, (pick([1, 2, 5]),), generator=gen)
+        cu = [0] + torch.cumsum(lens, 0).tolist()
+        B, T = 1, cu[-1]
+    else:
+        cu, B, T = None, pick([1, 2, 3]), pick([1, 63, 64, 65, 129, 500])
+    x = _gpu(gate, B, T, H, K, V, dtype=dtype, cu=cu, seed=case, h0=bool(case % 2))
+    _check(gate, x, fn=asym_chunked, tol=_tol(dtype) * (5 if dtype == torch.float16 else 1), scale=K ** -0.5)
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+def test_gpu_deterministic(gate):
+    x = _gpu(gate, 2, 1000, 4, 128, 128, cu=None, seed=7)
+    args = [x[n].detach() if x[n] is not None else None for n in NAMES]
+    do = torch.randn(x["v"].shape, device="cuda").to(x["v"].dtype)
+    dht = torch.randn(state_shape(gate, 2, 4, 128, 128), device="cuda")
+    a = chunk_asym_bwd(do, dht, *args, None, 0.1, gate)
+    b = chunk_asym_bwd(do, dht, *args, None, 0.1, gate)
+    for u, w in zip(a, b):
+        assert torch.equal(u, w)
+
+
+@cuda
+def test_gpu_over_2_31_elements():
+    """Tensors of more than 2^31 elements: the last (short) sequence's gradients vs the reference."""
+    H, K, V = 1, 64, 64
+    T = (1 << 31) // (H * V) + 256
+    free = torch.cuda.mem_get_info()[0]
+    if free < 110 * 2 ** 30:
+        pytest.skip("needs ~110 GiB of free GPU memory")
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    q = F.normalize(torch.randn(1, T, H, K, device="cuda", generator=gen), dim=-1).bfloat16()
+    k = F.normalize(torch.randn(1, T, H, K, device="cuda", generator=gen), dim=-1).bfloat16()
+    kt = (k.float() * 1.2).bfloat16()
+    v = torch.randn(1, T, H, V, device="cuda", generator=gen).bfloat16()
+    beta = torch.rand(1, T, H, device="cuda", generator=gen)
+    do = torch.randn(1, T, H, V, device="cuda", generator=gen).bfloat16()
+    cu = torch.cat([torch.arange(0, T - 300, 4096, device="cuda"), torch.tensor([T - 300, T], device="cuda")])
+    N = cu.numel() - 1
+    dht = torch.randn(N, H, V, K, device="cuda", generator=gen)
+    grads = chunk_asym_bwd(do, dht, q, k, kt, v, None, beta, None, cu, K ** -0.5, "none")
+    s = T - 300
+    part = [t[:, s:].double().requires_grad_() for t in (q, k, kt, v)] + [None, beta[:, s:].double().requires_grad_()]
+    o64, s64 = asym_chunked(*part, None, scale=K ** -0.5, gate="none")
+    want = torch.autograd.grad((o64, s64), [p for p in part if p is not None], (do[:, s:].double(), dht[-1:].double()))
+    for a, b in zip([grads[i][:, s:] for i in (0, 1, 2, 3, 5)], want):
+        assert rel_rms(a, b) < 2e-2
+    assert math.isfinite(grads[0].float().abs().max().item())
