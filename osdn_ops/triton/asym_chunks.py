@@ -102,7 +102,7 @@ def chunk_span(pid_c, i_b, cu, table, T, NT, C: tl.constexpr, IS_VARLEN: tl.cons
 
 
 @triton.jit
-def load_tile(ptr, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+def load_tile(ptr, start, n, r0, c0, i_h, H, D: tl.constexpr, BR: tl.constexpr,
               BD: tl.constexpr):
     """``[BR, BD]`` tile: rows ``r0..`` (chunk-relative, valid below n), columns ``c0..`` of a
     ``[.., H, D]`` token-major tensor; zeros outside."""
@@ -113,7 +113,7 @@ def load_tile(ptr, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, BR: 
 
 
 @triton.jit
-def store_tile(ptr, x, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, BR: tl.constexpr,
+def store_tile(ptr, x, start, n, r0, c0, i_h, H, D: tl.constexpr, BR: tl.constexpr,
                BD: tl.constexpr):
     """Store a ``[BR, BD]`` tile where :func:`load_tile` would read it (cast to ptr's type)."""
     r = r0 + tl.arange(0, BR)
@@ -123,14 +123,14 @@ def store_tile(ptr, x, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def load_vec(ptr, start, n, r0, i_h, H: tl.constexpr, BR: tl.constexpr):
+def load_vec(ptr, start, n, r0, i_h, H, BR: tl.constexpr):
     """``[BR]`` per-token values of a ``[.., H]`` tensor, fp32, zeros past n."""
     r = r0 + tl.arange(0, BR)
     return tl.load(ptr + (start + r) * H + i_h, mask=r < n, other=0.).to(tl.float32)
 
 
 @triton.jit
-def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, r0, c0, H: tl.constexpr, K: tl.constexpr,
+def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, r0, c0, H, K: tl.constexpr,
                    BK: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr,
                    STRICT: tl.constexpr, OP: tl.constexpr):
     """``[BC, BC]`` fp32 block ``X[t, j] = sum_c a[t,c] b[j,c] exp(G[t,c] - G[j,c])``.

@@ -19,7 +19,7 @@ from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, ch
 
 
 @triton.jit
-def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H: tl.constexpr, K: tl.constexpr,
+def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.constexpr,
                    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                    IS_VARLEN: tl.constexpr, OP: tl.constexpr):
     i_v, pid_c, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -56,8 +56,8 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H: tl.constexp
         store_tile(o, acc * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
 
 
-#: launch settings of the output kernel: V block, warps, stages
-OUTPUT_CONFIG = dict(block_v=64, num_warps=4, num_stages=2)
+#: launch settings of the output kernel: V block, warps, stages (best of a sweep on S1, H200)
+OUTPUT_CONFIG = dict(block_v=128, num_warps=4, num_stages=2)
 
 
 def chunk_output(q: Tensor, k_tilde: Tensor, v_new: Tensor, h: Tensor, G: Optional[Tensor], scale: float,

@@ -20,7 +20,7 @@ from .asym_chunks import CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, loa
 
 
 @triton.jit
-def _states_kernel(kt, W, U, G, h, vnew, h0, ht, cu, first, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _states_kernel(kt, W, U, G, h, vnew, h0, ht, cu, first, T, NT, H, K: tl.constexpr,
                    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
                    IS_VARLEN: tl.constexpr, HAS_H0: tl.constexpr, PUBLIC_KV: tl.constexpr,
                    OP: tl.constexpr):
@@ -73,8 +73,8 @@ def _states_kernel(kt, W, U, G, h, vnew, h0, ht, cu, first, T, NT, H: tl.constex
     tl.store(ht + sbase + soff, S, mask=smask)
 
 
-#: launch settings of the state kernel: V block, warps, stages
-STATES_CONFIG = dict(block_v=32, num_warps=4, num_stages=2)
+#: launch settings of the state kernel: V block, warps, stages (best of a sweep on S1, H200)
+STATES_CONFIG = dict(block_v=64, num_warps=4, num_stages=2)
 
 
 def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], initial_state: Optional[Tensor],

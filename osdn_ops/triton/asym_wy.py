@@ -20,7 +20,7 @@ from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, ch
 
 
 @triton.jit
-def _cumsum_kernel(g, G, cu, table, T, NT, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+def _cumsum_kernel(g, G, cu, table, T, NT, H, K: tl.constexpr, BK: tl.constexpr,
                    C: tl.constexpr, CHANNEL: tl.constexpr, IS_VARLEN: tl.constexpr):
     pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = pid_bh // H, pid_bh % H
@@ -73,7 +73,7 @@ def _mm(a, b):
 
 
 @triton.jit
-def _scaled_rows(x_ptr, beta, G, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.constexpr,
+def _scaled_rows(x_ptr, beta, G, start, n, r0, c0, i_h, H, D: tl.constexpr,
                  BD: tl.constexpr, GATE: tl.constexpr):
     """``beta * x * e^G`` (GATE > 0) or ``beta * x`` (GATE == 0) for rows r0..r0+16, fp32."""
     x = load_tile(x_ptr, start, n, r0, c0, i_h, H, D, 16, BD).to(tl.float32)
@@ -88,7 +88,7 @@ def _scaled_rows(x_ptr, beta, G, start, n, r0, c0, i_h, H: tl.constexpr, D: tl.c
 
 
 @triton.jit
-def _apply_rows(out, x_ptr, beta, G, T0, T1, T2, T3, start, n, i: tl.constexpr, i_h, H: tl.constexpr,
+def _apply_rows(out, x_ptr, beta, G, T0, T1, T2, T3, start, n, i: tl.constexpr, i_h, H,
                 D: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
     """Rows ``16i..16i+16`` of ``Ainv (beta x e^G)``: ``sum_{j<=i} T_j @ X_j`` over feature blocks."""
     for c0 in tl.static_range(0, D, BD):
@@ -103,7 +103,7 @@ def _apply_rows(out, x_ptr, beta, G, T0, T1, T2, T3, start, n, i: tl.constexpr, 
 
 
 @triton.jit
-def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H: tl.constexpr, K: tl.constexpr,
+def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr,
                GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr):
     pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -158,7 +158,7 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H: tl.constexpr,
     _apply_rows(U, v, beta, G, T30, T31, T32, T33, start, n, 3, i_h, H, V, BVW, 0, OP)
 
 
-#: launch settings of the WY kernel: feature block of the W / U products, warps, stages
+#: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
 WY_CONFIG = dict(block_out=64, num_warps=4, num_stages=2)
 
 
