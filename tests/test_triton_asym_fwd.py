@@ -128,33 +128,33 @@ def test_stages(gate):
 
 # ---------------------------------------------------------------- composed forward vs the oracle
 
-CASES = {  # name: (B, T, cu_seqlens, initial_state, K, V)
-    "dense": (2, 50, None, True, 16, 32),
-    "one_token": (1, 1, None, False, 16, 16),
-    "varlen": (1, 130, [0, 0, 1, 70, 70, 130], True, 32, 16),
-    "odd_dims": (1, 70, None, True, 8, 6),
+CASES = {  # name: (B, T, H, cu_seqlens, initial_state, K, V)
+    "dense": (2, 50, 2, None, True, 16, 32),
+    "one_token": (1, 1, 2, None, False, 16, 16),
+    "varlen": (1, 100, 1, [0, 0, 1, 70, 70, 100], True, 32, 16),
+    "odd_dims": (1, 70, 1, None, True, 8, 6),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("gate", GATES)
 def test_forward_fp32(gate, case):
-    B, T, cu, h0, K, V = CASES[case]
-    x = asym_problem(gate, B=B, T=T, H=2, K=K, V=V, dtype=torch.float32, cu_seqlens=cu, initial_state=h0,
+    B, T, H, cu, h0, K, V = CASES[case]
+    x = asym_problem(gate, B=B, T=T, H=H, K=K, V=V, dtype=torch.float32, cu_seqlens=cu, initial_state=h0,
                      device=DEV, seed=1)
     o, s = _fwd(x, gate)
     ro, rs = _oracle(x, gate)
     assert o.dtype == torch.float32 and s.dtype == torch.float32
     N = B if cu is None else len(cu) - 1
-    assert s.shape == state_shape(gate, N, 2, K, V) and o.shape == x["v"].shape
+    assert s.shape == state_shape(gate, N, H, K, V) and o.shape == x["v"].shape
     assert rel_rms(o, ro) < 1e-5 and rel_rms(s, rs) < 1e-5
 
 
 @pytest.mark.parametrize("case", ["dense", "varlen"])
 @pytest.mark.parametrize("gate", GATES)
 def test_forward_bf16(gate, case):
-    B, T, cu, h0, K, V = CASES[case]
-    x = asym_problem(gate, B=B, T=T, H=2, K=K, V=V, dtype=torch.bfloat16, cu_seqlens=cu, initial_state=h0,
+    B, T, H, cu, h0, K, V = CASES[case]
+    x = asym_problem(gate, B=B, T=T, H=H, K=K, V=V, dtype=torch.bfloat16, cu_seqlens=cu, initial_state=h0,
                      device=DEV, seed=2)
     o, s = _fwd(x, gate)
     ro, rs = _oracle(x, gate)
