@@ -45,11 +45,14 @@ GATE_ID = {"none": 0, "scalar": 1, "channel": 2}
 
 
 @triton.jit
-def _gated_scores(a, b, G, rows, rm, hh, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
                   GATE: tl.constexpr, PREC: tl.constexpr):
-    """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for t >= j (garbage-free: 0 above)."""
+    """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0.
+
+    Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
+    would make the difference positive)."""
     i = tl.arange(0, 64)
-    low = i[:, None] >= i[None, :]
+    low = (i[:, None] >= i[None, :]) & rm[:, None]
     if GATE == 2:
         s = tl.zeros([64, 64], tl.float32)
         for ch in range(K):
@@ -74,7 +77,7 @@ def _gated_scores(a, b, G, rows, rm, hh, H: tl.constexpr, K: tl.constexpr, BK: t
 
 
 @triton.jit
-def _dv_local(q, kt, G, do, dvl, table, cu, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
     c = tl.program_id(0)
@@ -98,8 +101,8 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H: tl.constexpr, K: tl.conste
 
 
 @triton.jit
-def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H: tl.constexpr, K: tl.constexpr,
-        V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
+        V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
@@ -159,7 +162,7 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H: tl.constex
 
 @triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dP_buf, dA_buf, last_buf,
-          table, cu, scale, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+          table, cu, scale, H, K, V, BK: tl.constexpr,
           BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     """Step 2 per chunk. GATE 0/1: final dq, dk, dkt, dv, dbeta (, dg). GATE 2: dv final; fp32 partial
     dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
@@ -268,7 +271,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
 
 @triton.jit
 def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, pdbeta, dq, dk, dkt, dbeta, dg,
-                   table, cu, H: tl.constexpr, K: tl.constexpr):
+                   table, cu, H, K):
     """Channel gate: add the E terms channel by channel, then dg = reverse cumsum of dG + last-row term."""
     c = tl.program_id(0)
     hh = tl.program_id(1)
@@ -284,7 +287,7 @@ def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, 
     offa = (rows[:, None] * H + hh) * 64 + i[None, :]
     dPm = tl.load(dP_buf + offa, mask=valid, other=0.)
     dA = tl.load(dA_buf + offa, mask=valid, other=0.)
-    low = i[:, None] >= i[None, :]
+    low = (i[:, None] >= i[None, :]) & rm[:, None]
     bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
     db = tl.load(pdbeta + rows * H + hh, mask=rm, other=0.)
     lbase = (c.to(tl.int64) * H + hh) * K
