@@ -68,11 +68,12 @@ def number(name: str, x, *, low: Optional[float] = None, low_open: bool = False)
     """A finite real number (not a bool, not a tensor), optionally bounded below."""
     if isinstance(x, bool) or not isinstance(x, (numbers.Real, torch.SymFloat, torch.SymInt)):
         raise TypeError(f"{name}: expected a float, got {type(x).__name__}")
-    if not math.isfinite(x):
+    x = float(x)
+    if x != x or abs(x) == math.inf:  # not math.isfinite, which torch.compile cannot trace
         raise ValueError(f"{name}: expected a finite number, got {x}")
     if low is not None and (x <= low if low_open else x < low):
         raise ValueError(f"{name}: expected {'>' if low_open else '>='} {low}, got {x}")
-    return float(x)
+    return x
 
 
 def _values_checked(t: Tensor) -> bool:

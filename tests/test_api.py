@@ -1,0 +1,112 @@
+"""Public API behaviour: dtypes, defaults, empty inputs, state passing, the composite."""
+import pytest
+import torch
+
+import osdn_ops
+from osdn_ops.reference import asym_recurrent, precond_scan_recurrent
+
+from .inputs import asym_call, asym_problem, precond_problem, rel_rms
+
+ASYM = {"none": osdn_ops.chunk_delta_asym, "scalar": osdn_ops.chunk_gated_delta_asym,
+        "channel": osdn_ops.chunk_kda_asym}
+NAMES = ("q", "k", "k_tilde", "v", "g", "beta", "initial_state")
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_asym_dtypes_and_accuracy(gate, dtype):
+    x = asym_problem(gate, B=2, T=70, H=2, K=16, V=8, dtype=dtype, seed=2)
+    o, s = asym_call(ASYM[gate], gate, x)
+    assert o.dtype == dtype and s.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    ref = {n: None if t is None else t.double() for n, t in x.items() if n != "cu_seqlens"}
+    o_ref, s_ref = asym_recurrent(*(ref[n] for n in NAMES), scale=16 ** -0.5, gate=gate)
+    bound = {torch.bfloat16: 2e-2, torch.float16: 3e-3, torch.float32: 1e-5, torch.float64: 1e-12}[dtype]
+    assert rel_rms(o, o_ref) < bound and rel_rms(s, s_ref) < bound
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_precond_dtypes(dtype):
+    x = precond_problem(T=20, K=8, dtype=dtype, seed=3)
+    kt, d = osdn_ops.precond_scan(x["k"], x["beta"], x["d0"], x["retention"])
+    assert kt.dtype == dtype and d.dtype == torch.float32
+    kt_ref, d_ref = precond_scan_recurrent(x["k"].double(), x["beta"].double(), x["d0"].double(),
+                                           x["retention"].double(), eta=0.003, d_min=0.5, d_max=2.0, eps=1e-6,
+                                           beta_aware=True)
+    assert rel_rms(kt, kt_ref) < (1e-2 if dtype == torch.bfloat16 else 1e-6)
+    assert rel_rms(d, d_ref) < 1e-6
+
+
+def test_default_scale_is_inverse_sqrt_k():
+    x = asym_problem("none", K=16, seed=4)
+    o1, _ = asym_call(osdn_ops.chunk_delta_asym, "none", x)
+    o2, _ = asym_call(osdn_ops.chunk_delta_asym, "none", x, scale=0.25)
+    torch.testing.assert_close(o1, o2)
+
+
+def test_precond_defaults_are_ones_and_no_retention():
+    x = precond_problem(T=15, seed=5)
+    kt1, d1 = osdn_ops.precond_scan(x["k"], x["beta"])
+    ones = torch.ones(2, 2, 8, dtype=torch.float64)
+    kt2, d2 = osdn_ops.precond_scan(x["k"], x["beta"], ones, torch.ones(2, 15, 2, dtype=torch.float64))
+    torch.testing.assert_close(kt1, kt2)
+    torch.testing.assert_close(d1, d2)
+    torch.testing.assert_close(kt1[:, 0], x["k"][:, 0])  # the first token is written with d0 = 1
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_zero_length_passes_states_through(gate):
+    x = asym_problem(gate, B=2, T=0, H=2, K=4, V=3, dtype=torch.float32, seed=6)
+    o, s = asym_call(ASYM[gate], gate, x)
+    assert o.shape == (2, 0, 2, 3)
+    torch.testing.assert_close(s, x["initial_state"])
+    assert s.data_ptr() != x["initial_state"].data_ptr()
+    p = precond_problem(B=2, T=0, H=2, K=4, dtype=torch.float32)
+    kt, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"])
+    assert kt.shape == (2, 0, 2, 4)
+    torch.testing.assert_close(d, p["d0"])
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_empty_sequences_pass_states_through(gate):
+    cu = [0, 0, 5, 5, 12, 12]
+    x = asym_problem(gate, B=1, T=12, H=2, K=4, V=3, cu_seqlens=cu, seed=7)
+    o, s = asym_call(ASYM[gate], gate, x)
+    for n in (0, 2, 4):
+        torch.testing.assert_close(s[n], x["initial_state"][n])
+    p = precond_problem(B=1, T=12, H=2, K=4, cu_seqlens=cu)
+    _, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"], cu_seqlens=p["cu_seqlens"])
+    for n in (0, 2, 4):
+        torch.testing.assert_close(d[n], p["d0"][n])
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_int32_and_int64_cu_seqlens_agree(gate):
+    x = asym_problem(gate, B=1, T=20, H=2, K=4, V=3, cu_seqlens=[0, 7, 20], seed=8)
+    o1, s1 = asym_call(ASYM[gate], gate, x)
+    x["cu_seqlens"] = x["cu_seqlens"].to(torch.int32)
+    o2, s2 = asym_call(ASYM[gate], gate, x)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(s1, s2)
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_osdn_composite_equals_its_parts(gate):
+    x = asym_problem(gate, B=2, T=30, H=2, K=8, V=4, seed=9)
+    g = x["g"]
+    o, s, d = osdn_ops.osdn(x["q"], x["k"], x["v"], x["beta"], g, initial_state=x["initial_state"], eta=0.1)
+    kt, d_ref = osdn_ops.precond_scan(x["k"], x["beta"], eta=0.1)
+    o_ref, s_ref = asym_call(ASYM[gate], gate, dict(x, k_tilde=kt))
+    torch.testing.assert_close(o, o_ref)
+    torch.testing.assert_close(s, s_ref)
+    torch.testing.assert_close(d, d_ref)
+
+
+def test_kda_state_is_the_transpose_of_the_gated_state_for_a_scalar_gate():
+    """A per-channel gate equal across channels is the scalar gate; KDA keeps S as K x V."""
+    x = asym_problem("scalar", B=1, T=40, H=2, K=4, V=3, seed=10)
+    o1, s1 = asym_call(osdn_ops.chunk_gated_delta_asym, "scalar", x)
+    y = dict(x, g=x["g"][..., None].expand(-1, -1, -1, 4).contiguous(),
+             initial_state=x["initial_state"].transpose(-1, -2).contiguous())
+    o2, s2 = asym_call(osdn_ops.chunk_kda_asym, "channel", y)
+    torch.testing.assert_close(o1, o2)
+    torch.testing.assert_close(s1, s2.transpose(-1, -2))
