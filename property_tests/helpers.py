@@ -69,7 +69,7 @@ class Errors:
         assert not bad, "; ".join(bad)
 
 
-def few(divisor: int = 4) -> settings:
+def few(divisor: int = 2) -> settings:
     """Settings for expensive tests (Triton interpreter, long loops): a fraction of the profile's examples."""
     return settings(max_examples=max(2, settings.default.max_examples // divisor))
 

@@ -9,7 +9,7 @@ from hypothesis import given
 
 import osdn_ops
 from osdn_ops.reference import asym_recurrent, precond_scan_recurrent
-from osdn_ops.testing import dtypes, precond_problems, problems, shapes
+from osdn_ops.testing import dtypes, precond_hparams, precond_problems, problems, shapes
 
 from .helpers import DEVICE, INTERPRETED, Errors, bound, cotangents, few, leaves, require_triton, vjp
 
@@ -17,6 +17,15 @@ ALL_DTYPES = dtypes((torch.float32, torch.bfloat16, torch.float64))
 TINY = shapes(max_T=40, max_dim=24, max_seqs=3)
 ASYM = ("q", "k", "k_tilde", "v", "g", "beta", "initial_state")
 PRECOND = ("k", "beta", "d0", "retention")
+
+
+def _no_ties(hp):
+    """A box whose bounds are away from 1 (the default d0) and apart: a pre-clamp value then does not
+    sit on a bound, where fp32 and fp64 could take different sides of the clamp's gradient."""
+    return hp["d_max"] > 1.05 * hp["d_min"] and all(abs(b - 1) > 1e-2 for b in (hp["d_min"], hp["d_max"]))
+
+
+HPARAMS = precond_hparams().filter(_no_ties)
 
 
 def _precond_fn(fn, p):
@@ -57,7 +66,7 @@ def _compare(test, kind, p, fn, oracle, named, label):
     errs.check()
 
 
-@given(precond_problems(dtype=ALL_DTYPES))
+@given(precond_problems(dtype=ALL_DTYPES, hparams=HPARAMS))
 def test_precond_public_vs_oracle(p):
     named = {n: getattr(p, n) for n in PRECOND}
     _compare("precond_public", "ref", p, _precond_fn(osdn_ops.precond_scan, p),
@@ -71,7 +80,7 @@ def test_asym_public_vs_oracle(p):
 
 
 @few()
-@given(precond_problems(shape=TINY if INTERPRETED else None, device=DEVICE))
+@given(precond_problems(shape=TINY if INTERPRETED else None, hparams=HPARAMS, device=DEVICE))
 def test_precond_triton_vs_oracle(p):
     mod = require_triton()
     named = {n: getattr(p, n) for n in PRECOND}
