@@ -49,14 +49,24 @@ def _oracle_inputs(named):
     return leaves({n: (None if t is None else t.detach().cpu()) for n, t in named.items()}, torch.float64)
 
 
-def _compare(test, kind, p, fn, oracle, named, label):
-    """Op and oracle see the same values and the same cotangents (rounded to the op's output dtypes)."""
+def _compare(test, kind, p, fn, oracle, named, label, same_precision_grads=False):
+    """Op and oracle see the same values and the same cotangents (rounded to the op's output dtypes).
+
+    ``same_precision_grads``: take the oracle's gradients at the op's own compute precision (fp32
+    for fp32/bf16 inputs). For precond_scan a coordinate pinned at a clamp bound whose pre-clamp
+    value overshoots by less than one fp32 ulp lands on the bound in fp32 (gradient passes, as
+    torch.clamp) but outside it in fp64 (gradient blocked), so fp32 and fp64 gradients differ there
+    legitimately. Outputs are still compared with the fp64 oracle.
+    """
     with torch.no_grad():
         shapes_ = [o.shape for o in oracle(**_oracle_inputs(named))]
     cots = cotangents([torch.empty(s) for s in shapes_], seed=7)
     out, grads = vjp(fn, leaves(named), cots)
     rounded = [c.to(o.dtype).double() for c, o in zip(cots, out)]
     out_ref, grads_ref = vjp(oracle, _oracle_inputs(named), rounded)
+    if same_precision_grads:
+        cpu = leaves({n: (None if t is None else t.detach().cpu()) for n, t in named.items()})
+        _, grads_ref = vjp(oracle, cpu, rounded)
     errs = Errors(test)
     for i, (x, ref) in enumerate(zip(out, out_ref)):
         errs.close(f"{label} out{i}", x, ref, bound(named[next(iter(named))].dtype, kind))
@@ -70,7 +80,7 @@ def _compare(test, kind, p, fn, oracle, named, label):
 def test_precond_public_vs_oracle(p):
     named = {n: getattr(p, n) for n in PRECOND}
     _compare("precond_public", "ref", p, _precond_fn(osdn_ops.precond_scan, p),
-             _precond_fn(precond_scan_recurrent, p), named, "precond")
+             _precond_fn(precond_scan_recurrent, p), named, "precond", same_precision_grads=True)
 
 
 @given(problems(dtype=ALL_DTYPES))
@@ -85,7 +95,7 @@ def test_precond_triton_vs_oracle(p):
     mod = require_triton()
     named = {n: getattr(p, n) for n in PRECOND}
     _compare("precond_triton", "triton", p, _precond_fn(mod.precond_scan, p),
-             _precond_fn(precond_scan_recurrent, p), named, "precond")
+             _precond_fn(precond_scan_recurrent, p), named, "precond", same_precision_grads=True)
 
 
 @few()
