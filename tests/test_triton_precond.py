@@ -48,8 +48,9 @@ def problem(B=1, T=70, H=1, K=16, *, dtype=torch.float32, cu=None, d0=True, rete
     return x
 
 
-def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None):
-    """Forward, d_final and gradients of osdn_ops.triton.precond_scan against the float64 oracle."""
+def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None, other_form=True):
+    """Forward, d_final and gradients of osdn_ops.triton.precond_scan against the float64 oracle
+    (and, with ``other_form``, of the kernels in the form the op does not use by default)."""
     gtol = tol if gtol is None else gtol
     hp = dict(HP, eta=eta, beta_aware=beta_aware)
     leaves = {n: x[n].detach().clone().requires_grad_() for n in ("k", "beta", "d0", "retention") if x[n] is not None}
@@ -70,6 +71,17 @@ def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None):
             assert leaf.grad.abs().max() == 0, name
         else:
             assert rel(leaf.grad, g_ref) < gtol, (name, rel(leaf.grad, g_ref))
+    if other_form:                                  # the form the op does not use by default
+        args = (x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], eta, HP["d_min"], HP["d_max"], HP["eps"],
+                beta_aware)
+        chunked = not tp.CHUNKED_DEFAULT
+        kt2, df2 = tp.precond_scan_fwd(*args, chunked=chunked)
+        assert rel(kt2, kr) < tol and rel(df2, dr) < tol
+        dk, dbeta, dd0, dret = tp.precond_scan_bwd(gk.to(kt.dtype), gd.to(df.dtype), *args, chunked=chunked)
+        grads = dict(k=dk, beta=dbeta, d0=dd0, retention=dret)
+        for name, g_ref in zip(leaves, ref):
+            if g_ref.abs().max() > 0:
+                assert rel(grads[name], g_ref) < gtol, (name, "other form")
 
 
 def share(x, *, eta, beta_aware=True):

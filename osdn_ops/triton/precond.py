@@ -19,11 +19,13 @@ import triton.language as tl
 from .. import reference
 from .precond_bwd import backward
 from .precond_chunked import (CHUNK, MAX_SWEEPS, SWEEP_TOL, advance, block_k, flag_slots, load_d0, num_warps,
-                              sequence_bounds, sequences)
+                              scan_tokens, sequence_bounds, sequences)
 
 MAX_K = 256
-# Chunk-parallel form by default; the plain token loop stays selectable (``chunked=False``).
-CHUNKED_DEFAULT = True
+# The token loop by default: measured on an H200 (2026-11-30, triton 3.6), this chunk-parallel form
+# (serial over chunks inside one program) was 2-3x slower than the token loop on S1/S2/S3 forward
+# and fwd+bwd; it stays selectable (``chunked=True``) and gives the fallback statistics.
+CHUNKED_DEFAULT = False
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
@@ -37,13 +39,17 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, kt_ptr, dfin_ptr
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
-    slot = bos // C + n
-    for t0 in range(bos, eos, C):
-        t1 = tl.minimum(t0 + C, eos)
-        d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, kt_ptr, k_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-                               HAS_R, BETA_AWARE, CHUNKED, True, False, C, BK, MAX_IT, TOL)
-        if STATS:
-            tl.store(flag_ptr + (slot + (t0 - bos) // C) * H + h, fell_back)
+    if CHUNKED:
+        slot = bos // C + n
+        for t0 in range(bos, eos, C):
+            t1 = tl.minimum(t0 + C, eos)
+            d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, kt_ptr, k_ptr, t0, t1, h, H, K, eta, d_min, d_max,
+                                   eps, HAS_R, BETA_AWARE, CHUNKED, True, False, C, BK, MAX_IT, TOL)
+            if STATS:
+                tl.store(flag_ptr + (slot + (t0 - bos) // C) * H + h, fell_back)
+    else:
+        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, k_ptr, k_ptr, bos, eos, h, H, K, eta, d_min, d_max, eps,
+                        HAS_R, BETA_AWARE, True, False, False, C, BK)
     offs = tl.arange(0, BK)
     tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 

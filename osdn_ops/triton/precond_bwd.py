@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .precond_chunked import (CHUNK, MAX_SWEEPS, SWEEP_TOL, advance, block_k, flag_slots, load_d0, load_token,
-                              num_warps, sequence_bounds, sequences, token_coefs)
+                              num_warps, scan_tokens, sequence_bounds, sequences, token_coefs)
 
 
 @triton.jit
@@ -59,11 +59,13 @@ def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.co
 
 @triton.jit
 def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R: tl.constexpr, BK: tl.constexpr):
-    """Token ``t``'s ``d_t`` (from the chunk scratch), key, beta, retention and ``dk_tilde``."""
+    """Token ``t``'s ``d_t`` (from the chunk scratch), key, beta, retention and ``dk_tilde``; nothing is
+    read for ``t < t0`` (before the chunk)."""
     offs = tl.arange(0, BK)
-    dt = tl.load(traj + (t - t0) * BK + offs)
-    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R)
-    gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+    valid = t >= t0
+    dt = tl.load(traj + (t - t0) * BK + offs, mask=valid, other=0.0)
+    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, valid)
+    gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=(offs < K) & valid, other=0.0).to(tl.float32)
     return dt, kv, b, r, gkt
 
 
@@ -81,10 +83,14 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
     mk = offs < K
     slot = bos // C + n
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
-    for t0 in range(bos, eos, C):
-        tl.store(ckpt_ptr + ((slot + (t0 - bos) // C) * H + h) * BK + offs, d)
-        d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta, d_min,
-                        d_max, eps, HAS_R, BETA_AWARE, CHUNKED, False, False, C, BK, MAX_IT, TOL)
+    if CHUNKED:
+        for t0 in range(bos, eos, C):
+            tl.store(ckpt_ptr + ((slot + (t0 - bos) // C) * H + h) * BK + offs, d)
+            d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
+                            d_min, d_max, eps, HAS_R, BETA_AWARE, CHUNKED, False, False, C, BK, MAX_IT, TOL)
+    else:
+        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, ckpt_ptr + (slot * H + h) * BK, bos, eos, h, H, K,
+                        eta, d_min, d_max, eps, HAS_R, BETA_AWARE, False, False, True, C, BK)
     tl.debug_barrier()
     g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=mk, other=0.0).to(tl.float32)
     traj = traj_ptr + (n * H + h) * C * BK
@@ -97,18 +103,22 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
         d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
                         HAS_R, BETA_AWARE, CHUNKED, False, True, C, BK, MAX_IT, TOL)
         tl.debug_barrier()
-        # the next (earlier) token's inputs are loaded before this token's reductions
-        dt, kv, b, r, gkt = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 1, t0, h, H, K, HAS_R, BK)
+        # the serial chain (three reductions per token) is shorter than a load: inputs are loaded
+        # four tokens ahead (earlier in time), in a rotation of four register sets
+        d1, k1, b1, r1, g1 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 1, t0, h, H, K, HAS_R, BK)
+        d2, k2, b2, r2, g2 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 2, t0, h, H, K, HAS_R, BK)
+        d3, k3, b3, r3, g3 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 3, t0, h, H, K, HAS_R, BK)
+        d4, k4, b4, r4, g4 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 4, t0, h, H, K, HAS_R, BK)
         for tt in range(0, t1 - t0):
             t = t1 - 1 - tt
-            dp, kp, bp, rp, gp = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, tl.maximum(t - 1, t0), t0,
-                                                 h, H, K, HAS_R, BK)
-            g, dk, dbeta, dr = token_adjoint(g, dt, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE)
+            dn, kn, bn, rn, gn = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t - 4, t0, h, H, K, HAS_R, BK)
+            g, dk, dbeta, dr = token_adjoint(g, d1, k1, b1, r1, g1, eta, d_min, d_max, eps, BETA_AWARE)
             tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk)
             tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty))
             if HAS_R:
                 tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty))
-            dt, kv, b, r, gkt = dp, kp, bp, rp, gp
+            d1, k1, b1, r1, g1, d2, k2, b2, r2, g2 = d2, k2, b2, r2, g2, d3, k3, b3, r3, g3
+            d3, k3, b3, r3, g3, d4, k4, b4, r4, g4 = d4, k4, b4, r4, g4, dn, kn, bn, rn, gn
         tl.debug_barrier()
     tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=mk)
 

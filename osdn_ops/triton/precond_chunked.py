@@ -48,39 +48,59 @@ def token_coefs(kv, b, eta, eps, BETA_AWARE: tl.constexpr):
 
 
 @triton.jit
-def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr):
-    """Key ``[BK]`` (fp32, zero-padded), beta and retention of token ``t`` (int64), head ``h``."""
-    kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-    b = tl.load(beta_ptr + t * H + h).to(tl.float32)
+def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr, valid=True):
+    """Key ``[BK]`` (fp32, zero-padded), beta and retention of token ``t`` (int64), head ``h``.
+
+    Nothing is read where ``valid`` is false (zeros, retention 1).
+    """
+    kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=(offs < K) & valid, other=0.0).to(tl.float32)
+    b = tl.load(beta_ptr + t * H + h, mask=valid, other=0.0).to(tl.float32)
     if HAS_R:
-        r = tl.load(r_ptr + t * H + h).to(tl.float32)
+        r = tl.load(r_ptr + t * H + h, mask=valid, other=1.0).to(tl.float32)
     else:
         r = b * 0.0 + 1.0
     return kv, b, r
 
 
 @triton.jit
-def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
+def load_ahead(k_ptr, beta_ptr, r_ptr, t, t1, h, H, K, offs, HAS_R: tl.constexpr):
+    return load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, t < t1)
+
+
+@triton.jit
+def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
                 HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
-                STORE_TRAJ: tl.constexpr, BK: tl.constexpr):
+                STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
     """Tokens ``[t0, t1)`` one by one from ``d`` ([BK] fp32); returns ``d_{t1}``.
 
-    ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to ``traj_ptr + (t-t0)*BK``.
-    The next key is loaded before the current token's reduction, so its latency overlaps.
+    ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to ``traj_ptr + (t-t0)*BK``;
+    ``STORE_CKPT``: writes ``d`` at every C-th token to ``ckpt_ptr + ((t-t0)//C) * H*BK``.
+    The serial chain is one K-reduction per token, far shorter than a memory load, so the inputs
+    are loaded eight tokens ahead (a rotation of eight register sets).
     """
     offs = tl.arange(0, BK)
-    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t0, h, H, K, offs, HAS_R)
+    k1, b1, r1 = load_ahead(k_ptr, beta_ptr, r_ptr, t0, t1, h, H, K, offs, HAS_R)
+    k2, b2, r2 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 1, t1, h, H, K, offs, HAS_R)
+    k3, b3, r3 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 2, t1, h, H, K, offs, HAS_R)
+    k4, b4, r4 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 3, t1, h, H, K, offs, HAS_R)
+    k5, b5, r5 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 4, t1, h, H, K, offs, HAS_R)
+    k6, b6, r6 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 5, t1, h, H, K, offs, HAS_R)
+    k7, b7, r7 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 6, t1, h, H, K, offs, HAS_R)
+    k8, b8, r8 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 7, t1, h, H, K, offs, HAS_R)
     for t in range(t0, t1):
-        tn = tl.minimum(t + 1, t1 - 1)
-        kn, bn, rn = load_token(k_ptr, beta_ptr, r_ptr, tn, h, H, K, offs, HAS_R)
+        kn, bn, rn = load_ahead(k_ptr, beta_ptr, r_ptr, t + 8, t1, h, H, K, offs, HAS_R)
         if STORE_KT:
-            tl.store(kt_ptr + (t * H + h) * K + offs, (d * kv).to(kt_ptr.dtype.element_ty), mask=offs < K)
+            tl.store(kt_ptr + (t * H + h) * K + offs, (d * k1).to(kt_ptr.dtype.element_ty), mask=offs < K)
         if STORE_TRAJ:
             tl.store(traj_ptr + (t - t0) * BK + offs, d)
-        s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE)
+        if STORE_CKPT:
+            if (t - t0) % C == 0:
+                tl.store(ckpt_ptr + ((t - t0) // C) * H * BK + offs, d)
+        s, n2, nb, c, bb = token_coefs(k1, b1, eta, eps, BETA_AWARE)
         a = bb * tl.sum(d * s, 0)
-        d = tl.minimum(tl.maximum(r * d + c * (1.0 - a) * s, d_min), d_max)
-        kv, b, r = kn, bn, rn
+        d = tl.minimum(tl.maximum(r1 * d + c * (1.0 - a) * s, d_min), d_max)
+        k1, b1, r1, k2, b2, r2, k3, b3, r3, k4, b4, r4 = k2, b2, r2, k3, b3, r3, k4, b4, r4, k5, b5, r5
+        k5, b5, r5, k6, b6, r6, k7, b7, r7, k8, b8, r8 = k6, b6, r6, k7, b7, r7, k8, b8, r8, kn, bn, rn
     return d
 
 
@@ -192,12 +212,12 @@ def advance(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, t0, t1, h, H, K, eta, d
             d_next = d_end
             fell_back = tl.full([], 0, tl.int32)
         else:
-            d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min, d_max,
-                                 eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, BK)
+            d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min,
+                                 d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, False, C, BK)
             fell_back = tl.full([], 1, tl.int32)
     else:
-        d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min, d_max,
-                             eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, BK)
+        d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min,
+                             d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, False, C, BK)
         fell_back = tl.full([], 1, tl.int32)
     return d_next, fell_back
 
