@@ -4,12 +4,11 @@ from hypothesis import given
 
 from osdn_ops import precond_scan
 from osdn_ops.reference import precond_scan_recurrent
-from osdn_ops.testing import dtypes, precond_problems, shapes
+from osdn_ops.testing import dtypes, precond_problems
 
-from .helpers import DEVICE, INTERPRETED, few, require_triton
+from .helpers import DEVICE, few, kernel_shapes, require_triton
 
 ADVERSARIAL = precond_problems(adversarial=True, dtype=dtypes((torch.float32, torch.bfloat16, torch.float64)))
-TINY = shapes(max_T=40, max_dim=24, max_seqs=3)
 
 
 def _first_tokens(p) -> torch.Tensor:
@@ -79,7 +78,7 @@ def test_public_op_in_box(p):
 
 
 @few()
-@given(precond_problems(adversarial=True, shape=TINY if INTERPRETED else None, device=DEVICE))
+@given(precond_problems(adversarial=True, shape=kernel_shapes(), device=DEVICE))
 def test_triton_in_box(p):
     """osdn_ops.triton.precond_scan (interpreted on CPU): the same invariant."""
     k_tilde, d_final = p.run(require_triton().precond_scan)

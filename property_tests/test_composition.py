@@ -5,7 +5,6 @@ importable, the Triton entry points (tiny shapes under the interpreter on CPU).
 """
 import dataclasses
 
-import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,9 +12,8 @@ from hypothesis import strategies as st
 import osdn_ops
 from osdn_ops.testing import precond_problems, problems, shapes
 
-from .helpers import DEVICE, INTERPRETED, Errors, bound, few, require_triton
+from .helpers import DEVICE, INTERPRETED, Errors, bound, few, kernel_shapes, require_triton
 
-TINY = shapes(max_T=40, max_dim=24, max_seqs=3)
 SMALL = shapes()
 IMPLS = ("public", "triton")
 
@@ -27,7 +25,7 @@ def _module(impl):
 def _strategies(impl, kind, **shape_kw):
     """(problem strategy, device) for an implementation; shapes tiny under the interpreter."""
     interp = impl == "triton" and INTERPRETED
-    base = TINY if interp else SMALL
+    base = kernel_shapes() if impl == "triton" else SMALL
     sh = shapes(max_T=40 if interp else 80, max_dim=24 if interp else 32, **shape_kw)
     device = DEVICE if impl == "triton" else "cpu"
     if kind == "precond":

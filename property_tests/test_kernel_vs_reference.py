@@ -9,12 +9,11 @@ from hypothesis import given
 
 import osdn_ops
 from osdn_ops.reference import asym_recurrent, precond_scan_recurrent
-from osdn_ops.testing import dtypes, precond_hparams, precond_problems, problems, shapes
+from osdn_ops.testing import dtypes, precond_hparams, precond_problems, problems
 
-from .helpers import DEVICE, INTERPRETED, Errors, bound, cotangents, few, leaves, require_triton, vjp
+from .helpers import DEVICE, Errors, bound, cotangents, few, kernel_shapes, leaves, require_triton, vjp
 
 ALL_DTYPES = dtypes((torch.float32, torch.bfloat16, torch.float64))
-TINY = shapes(max_T=40, max_dim=24, max_seqs=3)
 ASYM = ("q", "k", "k_tilde", "v", "g", "beta", "initial_state")
 PRECOND = ("k", "beta", "d0", "retention")
 
@@ -90,7 +89,7 @@ def test_asym_public_vs_oracle(p):
 
 
 @few()
-@given(precond_problems(shape=TINY if INTERPRETED else None, hparams=HPARAMS, device=DEVICE))
+@given(precond_problems(shape=kernel_shapes(), hparams=HPARAMS, device=DEVICE))
 def test_precond_triton_vs_oracle(p):
     mod = require_triton()
     named = {n: getattr(p, n) for n in PRECOND}
@@ -99,7 +98,7 @@ def test_precond_triton_vs_oracle(p):
 
 
 @few()
-@given(problems(shape=TINY if INTERPRETED else None, device=DEVICE))
+@given(problems(shape=kernel_shapes(), device=DEVICE))
 def test_asym_triton_vs_oracle(p):
     mod = require_triton()
     named = {n: getattr(p, n) for n in ASYM}

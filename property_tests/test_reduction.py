@@ -11,10 +11,9 @@ import osdn_ops
 from osdn_ops.reference import symmetric
 from osdn_ops.testing import dtypes, precond_hparams, precond_problems, problems, shapes
 
-from .helpers import DEVICE, INTERPRETED, Errors, bound, few, require_triton
+from .helpers import DEVICE, Errors, bound, few, kernel_shapes, require_triton
 
 ALL_DTYPES = dtypes((torch.float32, torch.bfloat16, torch.float64))
-TINY = shapes(max_T=40, max_dim=24, max_seqs=3)
 
 
 def _no_step(hp):
@@ -48,7 +47,7 @@ def test_eta_zero_gives_k(p):
 
 
 @few()
-@given(_identity_problems(shape=TINY if INTERPRETED else None, device=DEVICE))
+@given(_identity_problems(shape=kernel_shapes(), device=DEVICE))
 def test_eta_zero_gives_k_triton(p):
     k_tilde, _ = p.run(require_triton().precond_scan)
     assert torch.equal(k_tilde, p.k), "k_tilde != k with eta = 0, d0 = 1"
@@ -65,7 +64,7 @@ def test_asym_with_k_is_symmetric_parent(p):
 
 
 @few()
-@given(problems(k_tilde="same", shape=TINY if INTERPRETED else None, device=DEVICE))
+@given(problems(k_tilde="same", shape=kernel_shapes(), device=DEVICE))
 def test_triton_asym_with_k_is_symmetric_parent(p):
     o, state = p.run(require_triton())
     o_ref, state_ref = _parent(p)
