@@ -2,7 +2,8 @@
 
 Layout ``[B, T, H, D]``; with ``cu_seqlens`` (``[N+1]`` int32/int64 offsets) ``B == 1`` and
 every state restarts at each sequence start. States are float32 (float64 for float64 inputs).
-Each function validates its arguments, then calls the matching ``torch.ops.osdn`` custom op:
+Each function validates its arguments (any strides are accepted: non-contiguous inputs are
+copied to contiguous ones), then calls the matching ``torch.ops.osdn`` custom op:
 CPU tensors run the PyTorch kernels, CUDA tensors the Triton kernels. All of them work under
 ``torch.compile(fullgraph=True)``; float hyperparameters are graph constants (a new value
 recompiles).
@@ -39,7 +40,7 @@ def precond_scan(k: Tensor, beta: Tensor, d0: Optional[Tensor] = None, retention
     """
     hp = checks.precond_args(k, beta, d0, retention, eta=eta, d_min=d_min, d_max=d_max, eps=eps,
                              beta_aware=beta_aware, cu_seqlens=cu_seqlens)
-    return library.precond_scan(k, beta, d0, retention, cu_seqlens, beta_aware=beta_aware, **hp)
+    return library.precond_scan(*checks.contiguous(k, beta, d0, retention, cu_seqlens), beta_aware=beta_aware, **hp)
 
 
 def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, *,
@@ -53,7 +54,7 @@ def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Ten
     """
     s = checks.asym_args(q, k, k_tilde, v, None, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="none")
-    return library.chunk_delta_asym(q, k, k_tilde, v, beta, initial_state, cu_seqlens, scale=s)
+    return library.chunk_delta_asym(*checks.contiguous(q, k, k_tilde, v, beta, initial_state, cu_seqlens), scale=s)
 
 
 def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
@@ -66,7 +67,8 @@ def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="scalar")
-    return library.chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale=s)
+    return library.chunk_gated_delta_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens),
+                                          scale=s)
 
 
 def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
@@ -80,7 +82,7 @@ def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="channel")
-    return library.chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale=s)
+    return library.chunk_kda_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens), scale=s)
 
 
 def osdn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Optional[Tensor] = None, *,

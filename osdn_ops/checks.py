@@ -1,8 +1,9 @@
 """Argument validation shared by the public functions and the direct Triton entry points.
 
-Every rule raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong shape, device,
-layout or value) naming the argument, what was expected and what was given, before any
-kernel runs. Rules that need tensor *values* (``cu_seqlens`` monotone and ending at T,
+Every rule raises ``TypeError`` (wrong kind or dtype) or ``ValueError`` (wrong shape, device
+or value) naming the argument, what was expected and what was given, before any kernel runs.
+Inputs may have any strides: the callers pass them through :func:`contiguous` (which copies
+only tensors that are not contiguous), because the kernels index dense row-major tensors. Rules that need tensor *values* (``cu_seqlens`` monotone and ending at T,
 ``retention`` in (0, 1], ``g <= 0``) read them back to the host, so they run only where that is
 free of side effects: on CPU tensors, and outside ``torch.compile`` tracing. Set the
 environment variable ``OSDN_OPS_CHECK_VALUES=1`` to run them on GPU tensors too (one host
@@ -31,17 +32,19 @@ def _shape(t: Tensor) -> tuple:
 
 
 def tensor(name: str, t, ndim: int, dtypes: Sequence[torch.dtype] = FLOATS) -> Tensor:
-    """``t`` is a contiguous tensor of ``ndim`` dimensions and one of ``dtypes``."""
+    """``t`` is a tensor of ``ndim`` dimensions and one of ``dtypes`` (any strides)."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {_shape(t)}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()} "
-                         f"for shape {_shape(t)} (call .contiguous())")
     return t
+
+
+def contiguous(*ts):
+    """The tensors made contiguous (a copy only where they are not); None stays None."""
+    return tuple(t if t is None else t.contiguous() for t in ts)
 
 
 def shape(name: str, t: Tensor, expected: tuple, meaning: str) -> None:

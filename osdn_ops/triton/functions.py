@@ -51,13 +51,13 @@ def precond_scan(k: Tensor, beta: Tensor, d0: Optional[Tensor] = None, retention
     """Triton :func:`osdn_ops.precond_scan` (same arguments and returns)."""
     hp = checks.precond_args(k, beta, d0, retention, eta=eta, d_min=d_min, d_max=d_max, eps=eps,
                              beta_aware=beta_aware, cu_seqlens=cu_seqlens)
-    return _PrecondScan.apply(k, beta, d0, retention, cu_seqlens, dict(hp, beta_aware=beta_aware))
+    return _PrecondScan.apply(*checks.contiguous(k, beta, d0, retention, cu_seqlens), dict(hp, beta_aware=beta_aware))
 
 
 def _asym(gate, q, k, k_tilde, v, g, beta, scale, initial_state, cu_seqlens):
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate=gate)
-    return _ChunkAsym.apply(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, s, gate)
+    return _ChunkAsym.apply(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens), s, gate)
 
 
 def chunk_delta_asym(q, k, k_tilde, v, beta, *, scale=None, initial_state=None, cu_seqlens=None):
