@@ -73,7 +73,7 @@ SWEEP = {
                                            dict(block_v=64, num_warps=4), dict(block_v=32, num_warps=8)]),
     "output": (asym_output.OUTPUT_CONFIG, [dict(block_v=64, num_warps=4), dict(block_v=128, num_warps=4),
                                            dict(block_v=64, num_warps=8)]),
-    "wy": (asym_wy.WY_CONFIG, [dict(block_out=64, num_warps=4), dict(block_out=64, num_warps=8)]),
+    "wy": (asym_wy.WY_CONFIG, [dict(block_out=64, num_warps=4), dict(block_out=128, num_warps=4)]),
 }
 
 

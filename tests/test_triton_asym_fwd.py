@@ -76,12 +76,17 @@ def _chunk_ref(x, gate, G, T, cu):
     return torch.cat(Ainv), torch.cat(W), torch.cat(U)
 
 
-@pytest.mark.parametrize("gate", GATES)
-def test_stages(gate):
-    """wy_repr, chunk_states, chunk_output on one head vs fp64 PyTorch (varlen, h0 given)."""
+@pytest.mark.parametrize("gate,strong_tail", [(g, False) for g in GATES] + [("channel", True), ("scalar", True)])
+def test_stages(gate, strong_tail):
+    """wy_repr, chunk_states, chunk_output on one head vs fp64 PyTorch (varlen, h0 given).
+
+    ``strong_tail``: the last sequence decays 20x faster, so its chunk takes the block-by-block
+    channel-gate path while the first chunk takes the single-product one."""
     cu = [0, 0, 1, 70, 90]
     T = cu[-1]
     x = asym_problem(gate, B=1, T=T, H=1, K=16, V=16, dtype=torch.float32, cu_seqlens=cu, device=DEV, seed=3)
+    if strong_tail:
+        x["g"][:, 70:] *= 20
     cut = x["cu_seqlens"]
     G = None if gate == "none" else gate_cumsum(x["g"], cut)
     Ainv, W, U = wy_repr(x["k"], x["k_tilde"], x["v"], x["beta"], G, cut, gate)
@@ -162,11 +167,13 @@ def test_forward_bf16(gate, case):
     assert rel_rms(o, ro) < 2e-2 and rel_rms(s, rs) < 2e-2
 
 
+@pytest.mark.parametrize("strength", [2.0, 20.0])
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
-def test_strong_decay(gate):
-    """g down to -20 per token (G to -1280 in a chunk): finite and exact."""
+def test_strong_decay(gate, strength):
+    """g down to -20 per token (G to -1280 in a chunk), or to -2 (chunk spans around the channel
+    gate's single-product limit): finite and exact."""
     x = asym_problem(gate, B=1, T=70, H=1, K=16, V=16, dtype=torch.float32, device=DEV, seed=4)
-    x["g"] = -20 * torch.rand_like(x["g"])
+    x["g"] = -strength * torch.rand_like(x["g"])
     o, s = _fwd(x, gate)
     ro, rs = _oracle(x, gate)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()

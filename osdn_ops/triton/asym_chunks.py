@@ -192,3 +192,43 @@ def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, r0, c0, H, K: tl.constexpr,
         else:
             x = tl.where(m, x, 0.)
     return x
+
+
+#: largest ``|G[t,c] - G[0,c]|`` of a chunk for which the channel gate's scores are one product
+#: of rows scaled by ``e^{G_t - G_0}`` and columns by ``e^{G_0 - G_j}`` (both factors in fp32 range)
+REF_SPAN = tl.constexpr(60.0)
+
+
+@triton.jit
+def near_gate(G, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr):
+    """Whether every ``|G[t,c] - G[0,c]|`` of the chunk (channel gate) is at most REF_SPAN."""
+    ck = tl.arange(0, BK)
+    rv = tl.arange(0, C) < n
+    g0 = tl.load(G + (start * H + i_h) * K + ck, mask=ck < K, other=0.)
+    Gc = load_tile(G, start, n, 0, 0, i_h, H, K, C, BK)
+    d = tl.where(rv[:, None], tl.abs(Gc - g0[None, :]), 0.)
+    return tl.max(tl.max(d, axis=1), axis=0) <= REF_SPAN
+
+
+@triton.jit
+def referenced_scores(a_ptr, b_ptr, G, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr,
+                      C: tl.constexpr, STRICT: tl.constexpr, OP: tl.constexpr):
+    """``[C, C]`` fp32 ``X[t, j] = sum_c a[t,c] b[j,c] exp(G[t,c] - G[j,c])`` on ``t > j`` (STRICT)
+    or ``t >= j`` (channel gate), zero elsewhere and outside the chunk, as one product of
+    ``a e^{G - G_0}`` and ``b e^{G_0 - G}``. Only when :func:`near_gate` holds (factors within
+    ``e^{+-REF_SPAN}``); otherwise use :func:`decayed_scores` block by block."""
+    r = tl.arange(0, C)
+    ck = tl.arange(0, BK)
+    rv = r < n
+    g0 = tl.load(G + (start * H + i_h) * K + ck, mask=ck < K, other=0.)
+    Gc = load_tile(G, start, n, 0, 0, i_h, H, K, C, BK)
+    a = load_tile(a_ptr, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+    b = load_tile(b_ptr, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+    a = a * tl.exp(tl.where(rv[:, None], Gc - g0[None, :], float("-inf")))
+    b = b * tl.exp(tl.where(rv[:, None], g0[None, :] - Gc, float("-inf")))
+    x = mma(a, tl.trans(b), OP)
+    if STRICT:
+        m = r[:, None] > r[None, :]
+    else:
+        m = r[:, None] >= r[None, :]
+    return tl.where(m & rv[:, None] & rv[None, :], x, 0.)

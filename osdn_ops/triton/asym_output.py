@@ -2,8 +2,9 @@
 
 ``O = scale ((Q e^G) S + tril_incl((Q e^G)(Kt e^-G)^T) Vnew)`` per chunk (DESIGN §4), with ``S``
 the chunk-start state from :func:`chunk_states`. One program per (V block, chunk, batch*head).
-Without a gate or with the scalar gate the scores are one 64 x 64 product; with the channel gate
-they are built in 16 x 16 blocks (:func:`decayed_scores`) so every exponent stays non-positive.
+Without a gate, with the scalar gate and with a channel gate within REF_SPAN of the chunk's first
+row (:func:`near_gate`) the scores are one 64 x 64 product; a stronger channel gate builds them in
+16 x 16 blocks (:func:`decayed_scores`) so every exponent stays non-positive.
 """
 from __future__ import annotations
 
@@ -15,7 +16,25 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          load_tile, load_vec, mma, operand_type, store_tile)
+                          load_tile, load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
+
+
+@triton.jit
+def _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K: tl.constexpr, V: tl.constexpr,
+              BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
+    """``o = scale ((Q e^G) S + P Vnew)`` for the whole chunk, given the ``[C, C]`` scores ``P``."""
+    r = tl.arange(0, C)
+    qq = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK)
+    if GATE == 1:
+        eg = tl.exp(tl.where(r < n, load_vec(G, start, n, 0, i_h, H, C), float("-inf")))
+        qq = qq * eg[:, None]
+    elif GATE == 2:
+        Gq = load_tile(G, start, n, 0, 0, i_h, H, K, C, BK)
+        qq = qq * tl.exp(tl.where((r < n)[:, None], Gq, float("-inf")))
+    acc = mma(qq.to(OP), S, OP)
+    vn = load_tile(vnew, start, n, 0, i_v * BV, i_h, H, V, C, BV).to(OP)
+    acc += mma(P.to(OP), vn, OP)
+    store_tile(o, acc * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
 
 
 @triton.jit
@@ -32,28 +51,24 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.const
     S = tl.load(h + (row * H + i_h) * K * V + ck[:, None] * V + cv[None, :],
                 mask=(ck[:, None] < K) & (cv[None, :] < V), other=0.).to(OP)
     if GATE == 2:
-        for i in tl.static_range(4):
-            rv = (16 * i + tl.arange(0, 16)) < n
-            qi = load_tile(q, start, n, 16 * i, 0, i_h, H, K, 16, BK).to(tl.float32)
-            Gi = load_tile(G, start, n, 16 * i, 0, i_h, H, K, 16, BK)
-            qi = qi * tl.exp(tl.where(rv[:, None], Gi, float("-inf")))
-            acc = mma(qi.to(OP), S, OP)
-            for j in tl.static_range(i + 1):
-                P = decayed_scores(q, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, False, OP)
-                vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
-                acc += mma(P.to(OP), vj, OP)
-            store_tile(o, acc * scale, start, n, 16 * i, i_v * BV, i_h, H, V, 16, BV)
+        if near_gate(G, start, n, i_h, H, K, BK, C):
+            P = referenced_scores(q, kt, G, start, n, i_h, H, K, BK, C, False, OP)
+            _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
+        else:
+            for i in tl.static_range(4):
+                rv = (16 * i + tl.arange(0, 16)) < n
+                qi = load_tile(q, start, n, 16 * i, 0, i_h, H, K, 16, BK).to(tl.float32)
+                Gi = load_tile(G, start, n, 16 * i, 0, i_h, H, K, 16, BK)
+                qi = qi * tl.exp(tl.where(rv[:, None], Gi, float("-inf")))
+                acc = mma(qi.to(OP), S, OP)
+                for j in tl.static_range(i + 1):
+                    Pij = decayed_scores(q, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, False, OP)
+                    vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
+                    acc += mma(Pij.to(OP), vj, OP)
+                store_tile(o, acc * scale, start, n, 16 * i, i_v * BV, i_h, H, V, 16, BV)
     else:
         P = decayed_scores(q, kt, G, start, n, i_h, 0, 0, H, K, BK, C, GATE, True, False, OP)
-        qq = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK)
-        if GATE == 1:
-            r = tl.arange(0, C)
-            eg = tl.exp(tl.where(r < n, load_vec(G, start, n, 0, i_h, H, C), float("-inf")))
-            qq = (qq * eg[:, None]).to(OP)
-        acc = mma(qq, S, OP)
-        vn = load_tile(vnew, start, n, 0, i_v * BV, i_h, H, V, C, BV).to(OP)
-        acc += mma(P.to(OP), vn, OP)
-        store_tile(o, acc * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
+        _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
 
 
 #: launch settings of the output kernel: V block, warps, stages (best of a sweep on S1, H200)

@@ -2,9 +2,11 @@
 
 ``gate_cumsum``: ``G`` = inclusive cumsum of the log decay ``g`` within each 64-token chunk (fp32).
 ``wy_repr``: per chunk ``A = tril(B (K e^G)(Kt e^-G)^T, -1)``, ``Ainv = (I + A)^{-1}``,
-``W = Ainv B (K e^G)``, ``U = Ainv B V`` (DESIGN §4). The 64 x 64 inverse is built from 16 x 16
-blocks: forward substitution on the four diagonal blocks, then the block rows below
-(``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``) with fp32 products.
+``W = Ainv B (K e^G)``, ``U = Ainv B V`` (DESIGN §4). One program per (chunk, head) writes ``A``
+into its own rows of the ``Ainv`` output and completes the inverse there: forward substitution
+on the four diagonal 16 x 16 blocks together, then the block rows below
+(``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``) with fp32 products; ``W`` and ``U`` are then single
+64-row products with the finished inverse.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores, load_tile,
-                          load_vec, mma, operand_type, store_tile)
+                          load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
 
 
 @triton.jit
@@ -56,15 +58,46 @@ def gate_cumsum(g: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int = CHUNK
 
 
 @triton.jit
-def _inv_unit_lower16(A):
-    """``(I + A)^{-1}`` of a strictly lower-triangular 16 x 16 fp32 block (forward substitution)."""
-    r = tl.arange(0, 16)
-    Tm = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in range(1, 16):
-        a = tl.sum(tl.where(r[:, None] == i, A, 0.), axis=0)
-        new = tl.sum(a[:, None] * Tm, axis=0)
-        Tm = tl.where(r[:, None] == i, Tm - new[None, :], Tm)
-    return Tm
+def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr,
+                  C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
+    """Write ``A = tril(B (K e^G)(Kt e^-G)^T, -1)`` of the chunk into its Ainv rows (scratch).
+
+    Gates none / scalar and a channel gate within REF_SPAN of its first row: one 64 x 64
+    product. A stronger channel gate: the ten lower 16 x 16 blocks, the diagonal ones element
+    by element (blocks above the diagonal are left unwritten)."""
+    if GATE == 2:
+        if near_gate(G, start, n, i_h, H, K, BK, C):
+            A = referenced_scores(k, kt, G, start, n, i_h, H, K, BK, C, True, OP)
+            store_tile(Ainv, load_vec(beta, start, n, 0, i_h, H, C)[:, None] * A, start, n, 0, 0, i_h, H, C, C, C)
+        else:
+            for i in tl.static_range(4):
+                bi = load_vec(beta, start, n, 16 * i, i_h, H, 16)[:, None]
+                for j in tl.static_range(i + 1):
+                    Aij = decayed_scores(k, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, True, OP)
+                    store_tile(Ainv, bi * Aij, start, n, 16 * i, 16 * j, i_h, H, C, 16, 16)
+    else:
+        A = decayed_scores(k, kt, G, start, n, i_h, 0, 0, H, K, BK, C, GATE, True, True, OP)
+        store_tile(Ainv, load_vec(beta, start, n, 0, i_h, H, C)[:, None] * A, start, n, 0, 0, i_h, H, C, C, C)
+
+
+@triton.jit
+def _invert_diagonal(Ainv, start, n, i_h, H, C: tl.constexpr):
+    """Replace the four diagonal 16 x 16 blocks ``A_ii`` in the scratch rows by ``(I + A_ii)^{-1}``.
+
+    Forward substitution on the four blocks at once (a ``[4, 16, 16]`` tile); row ``i`` of every
+    block is read from memory, so each of the 15 steps is one reduction."""
+    blk = tl.arange(0, 4)
+    ri = tl.arange(0, 16)
+    Tm = tl.zeros([4, 16, 16], dtype=tl.float32) + (ri[:, None] == ri[None, :]).to(tl.float32)[None, :, :]
+    cols = 16 * blk[:, None] + ri[None, :]
+    for i in tl.static_range(1, 16):
+        rr = 16 * blk + i
+        a = tl.load(Ainv + ((start + rr[:, None]) * H + i_h) * C + cols, mask=(rr < n)[:, None], other=0.)
+        new = tl.sum(a[:, :, None] * Tm, axis=1)
+        Tm = tl.where(ri[None, :, None] == i, Tm - new[:, None, :], Tm)
+    rows = 16 * blk[:, None, None] + ri[None, :, None]
+    tl.debug_barrier()
+    tl.store(Ainv + ((start + rows) * H + i_h) * C + cols[:, None, :], Tm, mask=rows < n)
 
 
 @triton.jit
@@ -73,33 +106,54 @@ def _mm(a, b):
 
 
 @triton.jit
-def _scaled_rows(x_ptr, beta, G, start, n, r0, c0, i_h, H, D: tl.constexpr,
-                 BD: tl.constexpr, GATE: tl.constexpr):
-    """``beta * x * e^G`` (GATE > 0) or ``beta * x`` (GATE == 0) for rows r0..r0+16, fp32."""
-    x = load_tile(x_ptr, start, n, r0, c0, i_h, H, D, 16, BD).to(tl.float32)
-    x = x * load_vec(beta, start, n, r0, i_h, H, 16)[:, None]
-    r = r0 + tl.arange(0, 16)
-    if GATE == 1:
-        x = x * tl.exp(tl.where(r < n, load_vec(G, start, n, r0, i_h, H, 16), float("-inf")))[:, None]
-    elif GATE == 2:
-        Gx = load_tile(G, start, n, r0, c0, i_h, H, D, 16, BD)
-        x = x * tl.exp(tl.where((r < n)[:, None], Gx, float("-inf")))
-    return x
+def _merge_blocks(Ainv, start, n, i_h, H, C: tl.constexpr):
+    """Complete ``(I + A)^{-1}`` in the scratch rows from the inverted diagonal blocks ``T_ii`` and
+    the blocks ``A_ij`` below them: ``T_ij = -T_ii sum_{j<=m<i} A_im T_mj`` (exact fp32 products);
+    blocks above the diagonal are set to zero."""
+    T00 = load_tile(Ainv, start, n, 0, 0, i_h, H, C, 16, 16)
+    T11 = load_tile(Ainv, start, n, 16, 16, i_h, H, C, 16, 16)
+    T22 = load_tile(Ainv, start, n, 32, 32, i_h, H, C, 16, 16)
+    T33 = load_tile(Ainv, start, n, 48, 48, i_h, H, C, 16, 16)
+    A10 = load_tile(Ainv, start, n, 16, 0, i_h, H, C, 16, 16)
+    A21 = load_tile(Ainv, start, n, 32, 16, i_h, H, C, 16, 16)
+    A32 = load_tile(Ainv, start, n, 48, 32, i_h, H, C, 16, 16)
+    A20 = load_tile(Ainv, start, n, 32, 0, i_h, H, C, 16, 16)
+    A31 = load_tile(Ainv, start, n, 48, 16, i_h, H, C, 16, 16)
+    A30 = load_tile(Ainv, start, n, 48, 0, i_h, H, C, 16, 16)
+    T10 = -_mm(T11, _mm(A10, T00))
+    T21 = -_mm(T22, _mm(A21, T11))
+    T32 = -_mm(T33, _mm(A32, T22))
+    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
+    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
+    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    tl.debug_barrier()
+    Z = tl.zeros([16, 16], dtype=tl.float32)
+    store_tile(Ainv, T10, start, n, 16, 0, i_h, H, C, 16, 16)
+    store_tile(Ainv, T20, start, n, 32, 0, i_h, H, C, 16, 16)
+    store_tile(Ainv, T21, start, n, 32, 16, i_h, H, C, 16, 16)
+    store_tile(Ainv, T30, start, n, 48, 0, i_h, H, C, 16, 16)
+    store_tile(Ainv, T31, start, n, 48, 16, i_h, H, C, 16, 16)
+    store_tile(Ainv, T32, start, n, 48, 32, i_h, H, C, 16, 16)
+    for i in tl.static_range(3):
+        for j in tl.static_range(i + 1, 4):
+            store_tile(Ainv, Z, start, n, 16 * i, 16 * j, i_h, H, C, 16, 16)
 
 
 @triton.jit
-def _apply_rows(out, x_ptr, beta, G, T0, T1, T2, T3, start, n, i: tl.constexpr, i_h, H,
-                D: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
-    """Rows ``16i..16i+16`` of ``Ainv (beta x e^G)``: ``sum_{j<=i} T_j @ X_j`` over feature blocks."""
+def _apply(out, Ti, x_ptr, beta, G, start, n, i_h, H, D: tl.constexpr, BD: tl.constexpr, C: tl.constexpr,
+           GATE: tl.constexpr, OP: tl.constexpr):
+    """``out = Ainv (beta x e^G)`` (GATE > 0) or ``Ainv (beta x)`` for the chunk, over feature blocks."""
+    r = tl.arange(0, C)
+    rv = r < n
+    b = load_vec(beta, start, n, 0, i_h, H, C)
+    if GATE == 1:
+        b = b * tl.exp(tl.where(rv, load_vec(G, start, n, 0, i_h, H, C), float("-inf")))
     for c0 in tl.static_range(0, D, BD):
-        acc = mma(T0, _scaled_rows(x_ptr, beta, G, start, n, 0, c0, i_h, H, D, BD, GATE), OP)
-        if i >= 1:
-            acc += mma(T1, _scaled_rows(x_ptr, beta, G, start, n, 16, c0, i_h, H, D, BD, GATE), OP)
-        if i >= 2:
-            acc += mma(T2, _scaled_rows(x_ptr, beta, G, start, n, 32, c0, i_h, H, D, BD, GATE), OP)
-        if i >= 3:
-            acc += mma(T3, _scaled_rows(x_ptr, beta, G, start, n, 48, c0, i_h, H, D, BD, GATE), OP)
-        store_tile(out, acc, start, n, 16 * i, c0, i_h, H, D, 16, BD)
+        x = load_tile(x_ptr, start, n, 0, c0, i_h, H, D, C, BD).to(tl.float32) * b[:, None]
+        if GATE == 2:
+            Gx = load_tile(G, start, n, 0, c0, i_h, H, D, C, BD)
+            x = x * tl.exp(tl.where(rv[:, None], Gx, float("-inf")))
+        store_tile(out, mma(Ti, x, OP), start, n, 0, c0, i_h, H, D, C, BD)
 
 
 @triton.jit
@@ -111,55 +165,19 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constex
     start, n, _ = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
     if n <= 0:
         return
-    b0 = load_vec(beta, start, n, 0, i_h, H, 16)[:, None]
-    b1 = load_vec(beta, start, n, 16, i_h, H, 16)[:, None]
-    b2 = load_vec(beta, start, n, 32, i_h, H, 16)[:, None]
-    b3 = load_vec(beta, start, n, 48, i_h, H, 16)[:, None]
-    T00 = _inv_unit_lower16(b0 * decayed_scores(k, kt, G, start, n, i_h, 0, 0, H, K, BK, 16, GATE, True, True, OP))
-    T11 = _inv_unit_lower16(b1 * decayed_scores(k, kt, G, start, n, i_h, 16, 16, H, K, BK, 16, GATE, True, True, OP))
-    T22 = _inv_unit_lower16(b2 * decayed_scores(k, kt, G, start, n, i_h, 32, 32, H, K, BK, 16, GATE, True, True, OP))
-    T33 = _inv_unit_lower16(b3 * decayed_scores(k, kt, G, start, n, i_h, 48, 48, H, K, BK, 16, GATE, True, True, OP))
-    A10 = b1 * decayed_scores(k, kt, G, start, n, i_h, 16, 0, H, K, BK, 16, GATE, False, True, OP)
-    A21 = b2 * decayed_scores(k, kt, G, start, n, i_h, 32, 16, H, K, BK, 16, GATE, False, True, OP)
-    A32 = b3 * decayed_scores(k, kt, G, start, n, i_h, 48, 32, H, K, BK, 16, GATE, False, True, OP)
-    A20 = b2 * decayed_scores(k, kt, G, start, n, i_h, 32, 0, H, K, BK, 16, GATE, False, True, OP)
-    A31 = b3 * decayed_scores(k, kt, G, start, n, i_h, 48, 16, H, K, BK, 16, GATE, False, True, OP)
-    A30 = b3 * decayed_scores(k, kt, G, start, n, i_h, 48, 0, H, K, BK, 16, GATE, False, True, OP)
-    T10 = -_mm(T11, _mm(A10, T00))
-    T21 = -_mm(T22, _mm(A21, T11))
-    T32 = -_mm(T33, _mm(A32, T22))
-    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
-    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
-    Z = tl.zeros([16, 16], dtype=tl.float32)
-    store_tile(Ainv, T00, start, n, 0, 0, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 0, 16, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 0, 32, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 0, 48, i_h, H, C, 16, 16)
-    store_tile(Ainv, T10, start, n, 16, 0, i_h, H, C, 16, 16)
-    store_tile(Ainv, T11, start, n, 16, 16, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 16, 32, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 16, 48, i_h, H, C, 16, 16)
-    store_tile(Ainv, T20, start, n, 32, 0, i_h, H, C, 16, 16)
-    store_tile(Ainv, T21, start, n, 32, 16, i_h, H, C, 16, 16)
-    store_tile(Ainv, T22, start, n, 32, 32, i_h, H, C, 16, 16)
-    store_tile(Ainv, Z, start, n, 32, 48, i_h, H, C, 16, 16)
-    store_tile(Ainv, T30, start, n, 48, 0, i_h, H, C, 16, 16)
-    store_tile(Ainv, T31, start, n, 48, 16, i_h, H, C, 16, 16)
-    store_tile(Ainv, T32, start, n, 48, 32, i_h, H, C, 16, 16)
-    store_tile(Ainv, T33, start, n, 48, 48, i_h, H, C, 16, 16)
-    _apply_rows(W, k, beta, G, T00, Z, Z, Z, start, n, 0, i_h, H, K, BKW, GATE, OP)
-    _apply_rows(W, k, beta, G, T10, T11, Z, Z, start, n, 1, i_h, H, K, BKW, GATE, OP)
-    _apply_rows(W, k, beta, G, T20, T21, T22, Z, start, n, 2, i_h, H, K, BKW, GATE, OP)
-    _apply_rows(W, k, beta, G, T30, T31, T32, T33, start, n, 3, i_h, H, K, BKW, GATE, OP)
-    _apply_rows(U, v, beta, G, T00, Z, Z, Z, start, n, 0, i_h, H, V, BVW, 0, OP)
-    _apply_rows(U, v, beta, G, T10, T11, Z, Z, start, n, 1, i_h, H, V, BVW, 0, OP)
-    _apply_rows(U, v, beta, G, T20, T21, T22, Z, start, n, 2, i_h, H, V, BVW, 0, OP)
-    _apply_rows(U, v, beta, G, T30, T31, T32, T33, start, n, 3, i_h, H, V, BVW, 0, OP)
+    _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP)
+    tl.debug_barrier()
+    _invert_diagonal(Ainv, start, n, i_h, H, C)
+    tl.debug_barrier()
+    _merge_blocks(Ainv, start, n, i_h, H, C)
+    tl.debug_barrier()
+    Ti = load_tile(Ainv, start, n, 0, 0, i_h, H, C, C, C)
+    _apply(W, Ti, k, beta, G, start, n, i_h, H, K, BKW, C, GATE, OP)
+    _apply(U, Ti, v, beta, G, start, n, i_h, H, V, BVW, C, 0, OP)
 
 
 #: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
-WY_CONFIG = dict(block_out=64, num_warps=4, num_stages=2)
+WY_CONFIG = dict(block_out=128, num_warps=4, num_stages=2)
 
 
 def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Tensor],
