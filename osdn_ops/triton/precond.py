@@ -22,9 +22,11 @@ from .precond_chunked import (CHUNK, MAX_SWEEPS, SWEEP_TOL, advance, block_k, fl
                               scan_tokens, sequence_bounds, sequences)
 
 MAX_K = 256
-# The token loop by default: measured on an H200 (2026-11-30, triton 3.6), this chunk-parallel form
-# (serial over chunks inside one program) was 2-3x slower than the token loop on S1/S2/S3 forward
-# and fwd+bwd; it stays selectable (``chunked=True``) and gives the fallback statistics.
+# The token loop by default: measured on an H200 (2026-11-30, torch 2.11, triton 3.6; median ms,
+# chunk-parallel / token loop): S1 fwd 3.05 / 0.94, fwd+bwd 6.54 / 3.74; S2 fwd 3.31 / 1.85;
+# S3 fwd 25.5 / 14.6. The chunk-parallel form (still serial over chunks inside one program, its
+# [64, K] fp32 tiles spill registers at 4 warps) stays selectable (``chunked=True``) and gives
+# the fallback statistics.
 CHUNKED_DEFAULT = False
 
 

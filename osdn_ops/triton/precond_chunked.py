@@ -64,6 +64,7 @@ def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr, va
 
 @triton.jit
 def load_ahead(k_ptr, beta_ptr, r_ptr, t, t1, h, H, K, offs, HAS_R: tl.constexpr):
+    """``load_token`` for a token that may lie past the range's end ``t1`` (then nothing is read)."""
     return load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, t < t1)
 
 
