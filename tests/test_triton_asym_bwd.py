@@ -126,7 +126,7 @@ def test_gpu_strong_decay(gate, dtype):
 
 
 @cuda
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(9))
 def test_gpu_random_shapes(case):
     """Many shapes vs the fp64 reference (guards against miscompiles on this Triton/GPU pair)."""
     gen = torch.Generator().manual_seed(100 + case)
@@ -145,7 +145,7 @@ def test_gpu_random_shapes(case):
     else:
         cu, B, T = None, pick([1, 2, 3]), pick([1, 63, 64, 65, 129, 500])
     x = _gpu(gate, B, T, H, K, V, dtype=dtype, cu=cu, seed=case, h0=bool(case % 2))
-    _check(gate, x, fn=asym_chunked, tol=_tol(dtype) * (5 if dtype == torch.float16 else 1), scale=K ** -0.5)
+    _check(gate, x, fn=asym_chunked, tol=_tol(dtype), scale=K ** -0.5)
 
 
 @cuda

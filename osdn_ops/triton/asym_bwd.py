@@ -32,6 +32,8 @@ reduction runs inside one program in a fixed order.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -42,6 +44,15 @@ from .varlen import chunk_table
 
 C = 64
 GATE_ID = {"none": 0, "scalar": 1, "channel": 2}
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
+    """fp32-accumulated product; HALF: operands rounded to bf16 (half-precision inputs)."""
+    if HALF:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
@@ -163,7 +174,8 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
 @triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dP_buf, dA_buf, last_buf,
           table, cu, scale, H, K, V, BK: tl.constexpr,
-          BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+          BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
+          HALF: tl.constexpr):
     """Step 2 per chunk. GATE 0/1: final dq, dk, dkt, dv, dbeta (, dg). GATE 2: dv final; fp32 partial
     dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
     c = tl.program_id(0)
@@ -202,13 +214,13 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         sm = km[:, None] & vm[None, :]
         hs = tl.load(h + offs, mask=sm, other=0.)
         dSn = tl.load(dh + offs, mask=sm, other=0.)
-        dq_i += tl.dot(dO, tl.trans(hs), input_precision=PREC)
-        dw_i += tl.dot(dV, tl.trans(hs), input_precision=PREC)
-        dkt_s += tl.dot(Vn, tl.trans(dSn), input_precision=PREC)
+        dq_i += _mm(dO, tl.trans(hs), PREC, HALF)
+        dw_i += _mm(dV, tl.trans(hs), PREC, HALF)
+        dkt_s += _mm(Vn, tl.trans(dSn), PREC, HALF)
         lastv += tl.sum(hs * dSn, 1)
-        dPm += tl.dot(dO, tl.trans(Vn), input_precision=PREC)
-        dTu += tl.dot(dV, tl.trans(vv * bt[:, None]), input_precision=PREC)
-        dBV = tl.dot(tl.trans(Ti), dV, input_precision=PREC)
+        dPm += _mm(dO, tl.trans(Vn), PREC, HALF)
+        dTu += _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF)
+        dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
         tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
         db += tl.sum(vv * dBV, 1)
     mk = rm[:, None] & km[None, :]
@@ -232,11 +244,11 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     lastc = tl.exp(gl) * lastv + tl.sum(ktm * dktm, 0)
     dW = -dw_i
     kg = km_ * eg
-    dBK = tl.dot(tl.trans(Ti), dW, input_precision=PREC)
+    dBK = _mm(tl.trans(Ti), dW, PREC, HALF)
     dkm = bt[:, None] * eg * dBK
     db += tl.sum(kg * dBK, 1)
-    dT = tl.dot(dW, tl.trans(kg * bt[:, None]), input_precision=PREC) + dTu
-    dA = -tl.dot(tl.dot(tl.trans(Ti), dT, input_precision=PREC), tl.trans(Ti), input_precision=PREC)
+    dT = _mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
+    dA = -_mm(_mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     valid = rm[:, None] & rm[None, :]
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
     dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
@@ -253,12 +265,12 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
             D = tl.exp(tl.where(valid & (i[:, None] >= i[None, :]), gv[:, None] - gv[None, :], float("-inf")))
             dPm = dPm * D
             dA = dA * D
-        dqm += tl.dot(dPm, ktm, input_precision=PREC)
-        dkr = tl.dot(dA, ktm, input_precision=PREC)
+        dqm += _mm(dPm, ktm, PREC, HALF)
+        dkr = _mm(dA, ktm, PREC, HALF)
         dkm += bt[:, None] * dkr
         db += tl.sum(km_ * dkr, 1)
-        dktm += (tl.dot(tl.trans(dPm), qm, input_precision=PREC)
-                 + tl.dot(tl.trans(dA * bt[:, None]), km_, input_precision=PREC))
+        dktm += (_mm(tl.trans(dPm), qm, PREC, HALF)
+                 + _mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF))
         if GATE == 1:
             dGt = tl.sum(qm * dqm + km_ * dkm - ktm * dktm, 1)
             dgt = tl.cumsum(dGt, 0, reverse=True) + tl.sum(lastc, 0)
@@ -324,7 +336,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if q.dtype == torch.float64 or K > 256 or V > 256:
+    if q.dtype == torch.float64 or K > 256 or V > 256 or (q.dtype == torch.float32 and K > 128):
         return ref.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
     dev = q.device
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -348,6 +360,9 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
 
     BK = _pow2(K)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
+    # _dqkv rounds its product operands to bf16 for half inputs (its fp32 operands need up to 200 KB of
+    # shared memory); the CPU interpreter has no bf16 products, so there it keeps fp32 operands
+    HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
     f32 = dict(dtype=torch.float32, device=dev)
     dvl = torch.empty(B, T, H, V, **f32)
     _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, _pow2(V)), GATE, PREC,
@@ -357,7 +372,8 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
     BVh = 32 if N * H * triton.cdiv(V, 32) >= 256 else 16
     _dh[(triton.cdiv(V, BVh), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
-                                       BK, BVh, GATE, PREC, num_warps=4)
+                                       BK, BVh, GATE, PREC, num_warps=4,
+                                       num_stages=3 if HALF else 1)
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
@@ -368,10 +384,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
         dPb, dAb = torch.empty(B, T, H, C, **f32), torch.empty(B, T, H, C, **f32)
         last = torch.empty(M, H, K, **f32)
         _dqkv[(M, H)](q, k, k_tilde, v, beta, G, Ainv, h, vn, dvn, dh, do, pq, pk, pkt, dv, pb, dg, dPb, dAb, last,
-                      table, cu, scale, H, K, V, BK, BV, GATE, PREC, num_warps=8)
+                      table, cu, scale, H, K, V, BK, BV, GATE, PREC, HALF, num_warps=8, num_stages=1)
         _channel_intra[(M, H)](q, k, k_tilde, beta, G, dPb, dAb, last, pq, pk, pkt, pb, dq, dk, dkt, dbeta, dg,
                                table, cu, H, K, num_warps=4)
     else:
         _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dvl, dvl,
-                      dvl, table, cu, scale, H, K, V, BK, BV, GATE, PREC, num_warps=8)
+                      dvl, table, cu, scale, H, K, V, BK, BV, GATE, PREC, HALF, num_warps=8, num_stages=1)
     return dq, dk, dkt, dv, dg, dbeta, dh0
