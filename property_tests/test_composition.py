@@ -53,6 +53,8 @@ def _asym(mod, p, **over):
 
 
 def _tol(x, impl):
+    """Bound by the input dtype ``x.dtype``, also for fp32 states: a kernel may take bf16 operands
+    for its state products, so chaining through an fp32 state differs at bf16 level."""
     return bound(x.dtype, "triton" if impl == "triton" else "ref")
 
 
@@ -70,7 +72,7 @@ def _chain_case(impl):
                            retention=_slice(p.retention, cut, T), d0=d1)
         errs = Errors(f"chain_precond_{impl}")
         errs.close(f"k_tilde cut={cut}/{T}", torch.cat([kt1, kt2], 1), kt, _tol(p.k, impl))
-        errs.close("d_final", d2, d, _tol(d, impl))
+        errs.close("d_final", d2, d, _tol(p.k, impl))
         errs.check()
 
     @given(_strategies(impl, "asym", varlen=False), st.floats(0, 1))
@@ -84,7 +86,7 @@ def _chain_case(impl):
         o2, S2 = _asym(mod, p, initial_state=S1, **{n: _slice(x, cut, T) for n, x in part.items()})
         errs = Errors(f"chain_asym_{impl}")
         errs.close(f"o gate={p.gate} cut={cut}/{T}", torch.cat([o1, o2], 1), o, _tol(p.v, impl))
-        errs.close("state", S2, S, _tol(S, impl))
+        errs.close("state", S2, S, _tol(p.v, impl))
         errs.check()
 
     return precond_case, asym_case
@@ -114,7 +116,7 @@ def _varlen_case(impl):
             finals.append(b)
         errs = Errors(f"varlen_precond_{impl}")
         errs.close(f"k_tilde lengths={p.shape.lengths}", torch.cat(pieces, 1), kt, _tol(p.k, impl))
-        errs.close("d_final", torch.cat(finals, 0), d, _tol(d, impl))
+        errs.close("d_final", torch.cat(finals, 0), d, _tol(p.k, impl))
         errs.check()
 
     @given(_strategies(impl, "asym", varlen=True))
@@ -130,7 +132,7 @@ def _varlen_case(impl):
             finals.append(b)
         errs = Errors(f"varlen_asym_{impl}")
         errs.close(f"o gate={p.gate} lengths={p.shape.lengths}", torch.cat(outs, 1), o, _tol(p.v, impl))
-        errs.close("state", torch.cat(finals, 0), S, _tol(S, impl))
+        errs.close("state", torch.cat(finals, 0), S, _tol(p.v, impl))
         errs.check()
 
     return precond_case, asym_case
@@ -163,7 +165,7 @@ def _position_case(impl):
                            retention=_permute(p.retention, rows, heads), d0=_permute(p.d0, rows, heads, 1))
         errs = Errors(f"position_precond_{impl}")
         errs.close("k_tilde", kt2, _permute(kt, rows, heads), _tol(p.k, impl))
-        errs.close("d_final", d2, _permute(d, rows, heads, 1), _tol(d, impl))
+        errs.close("d_final", d2, _permute(d, rows, heads, 1), _tol(p.k, impl))
         errs.check()
 
     @given(_strategies(impl, "asym", varlen=False, max_batch=3, max_heads=3), st.integers(0, 2**32))
@@ -175,7 +177,7 @@ def _position_case(impl):
         o2, S2 = _asym(mod, p, initial_state=_permute(p.initial_state, rows, heads, 1), **moved)
         errs = Errors(f"position_asym_{impl}")
         errs.close(f"o gate={p.gate}", o2, _permute(o, rows, heads), _tol(p.v, impl))
-        errs.close("state", S2, _permute(S, rows, heads, 1), _tol(S, impl))
+        errs.close("state", S2, _permute(S, rows, heads, 1), _tol(p.v, impl))
         errs.check()
 
     return precond_case, asym_case
