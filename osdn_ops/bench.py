@@ -348,15 +348,15 @@ def main(argv=None) -> list[Row]:
                 except Exception as e:
                     row = Row(name, impl, p.name, note=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}")
                 rows.append(row)
+                if args.markdown:  # rewritten after every row, so a run cut short keeps its rows
+                    with open(args.markdown, "w") as f:
+                        f.write(table(rows) + "\n")
                 print(f"{row.op:24s} {row.impl:38s} {row.shape:9s} fwd {row.fwd:8.3f} ms  fwd+bwd {row.fwd_bwd:8.3f} ms"
                       f"  err {row.err:.1e}  {row.note}", flush=True)
     out = table(rows)
     print()
     print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
     print(out)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(out + "\n")
     return rows
 
 
