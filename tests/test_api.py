@@ -110,3 +110,15 @@ def test_kda_state_is_the_transpose_of_the_gated_state_for_a_scalar_gate():
     o2, s2 = asym_call(osdn_ops.chunk_kda_asym, "channel", y)
     torch.testing.assert_close(o1, o2)
     torch.testing.assert_close(s1, s2.transpose(-1, -2))
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_backward_of_a_single_token_single_head(gate):
+    """B = T = H = 1: gradient slices of one buffer must not alias (custom ops forbid it)."""
+    x = asym_problem(gate, B=1, T=1, H=1, K=4, V=3, requires_grad=True, seed=11)
+    o, s = asym_call(ASYM[gate], gate, x)
+    (o.sum() + s.sum()).backward()
+    p = precond_problem(B=1, T=1, H=1, K=4, requires_grad=True, seed=11)
+    kt, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"], p["retention"])
+    (kt.sum() + d.sum()).backward()
+    assert all(t.grad is not None for t in (x["q"], x["v"], p["k"], p["retention"]))

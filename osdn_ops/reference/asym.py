@@ -272,4 +272,5 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dg = dg.reshape(g.shape).to(g.dtype) if g is not None else v.new_empty(0, dtype=dt)
     out = (dq.to(q.dtype), dk.to(k.dtype), dkt.to(k_tilde.dtype), dv.to(v.dtype), dg,
            dbeta[..., 0].to(beta.dtype), _to_kv(dS0, gate))
-    return tuple(x.contiguous() for x in out)
+    # fresh tensors: slices of one buffer would alias each other, which custom ops forbid
+    return tuple(x.clone(memory_format=torch.contiguous_format) for x in out)

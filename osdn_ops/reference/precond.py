@@ -140,4 +140,5 @@ def precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta
 
     grads, dd0 = per_sequence(fn, [k.to(dt), beta.to(dt), r, dk_tilde.to(dt)], states, cu_seqlens)
     dr = grads[..., -1].to(retention.dtype) if retention is not None else k.new_empty(0, dtype=dt)
-    return tuple(x.contiguous() for x in (grads[..., :-2].to(k.dtype), grads[..., -2].to(beta.dtype), dd0, dr))
+    # fresh tensors: slices of one buffer would alias each other, which custom ops forbid
+    return tuple(x.clone(memory_format=torch.contiguous_format) for x in (grads[..., :-2].to(k.dtype), grads[..., -2].to(beta.dtype), dd0, dr))
