@@ -6,18 +6,14 @@
 - ``nightly``: many examples and the ``target`` phase, which steers generation towards the
   worst error / tolerance ratio each test reports through ``hypothesis.target``.
 
-Without CUDA, ``TRITON_INTERPRET=1`` is set here, before any test module imports Triton kernels.
+Without CUDA, the repository's top-level conftest.py sets ``TRITON_INTERPRET=1`` before any
+test module imports Triton kernels.
 """
 import os
 
-import torch
+from hypothesis import HealthCheck, Phase, settings
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from hypothesis import HealthCheck, Phase, settings  # noqa: E402
-
-from .helpers import WORST  # noqa: E402
+from .helpers import WORST
 
 _common = dict(deadline=None, print_blob=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
