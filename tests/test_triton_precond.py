@@ -48,11 +48,13 @@ def problem(B=1, T=70, H=1, K=16, *, dtype=torch.float32, cu=None, d0=True, rete
     return x
 
 
-def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None, other_form=True):
+def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None, other_form=True, box=None):
     """Forward, d_final and gradients of osdn_ops.triton.precond_scan against the float64 oracle
-    (and, with ``other_form``, of the kernels in the form the op does not use by default)."""
+    (and, with ``other_form``, of the kernels in the token-loop form, which the op does not use by
+    default). ``box``: ``(d_min, d_max)`` instead of HP's."""
     gtol = tol if gtol is None else gtol
-    hp = dict(HP, eta=eta, beta_aware=beta_aware)
+    bounds = HP if box is None else dict(HP, d_min=box[0], d_max=box[1])
+    hp = dict(bounds, eta=eta, beta_aware=beta_aware)
     leaves = {n: x[n].detach().clone().requires_grad_() for n in ("k", "beta", "d0", "retention") if x[n] is not None}
     kt, df = ot.precond_scan(leaves["k"], leaves["beta"], leaves.get("d0"), leaves.get("retention"),
                              cu_seqlens=x["cu_seqlens"], **hp)
@@ -72,21 +74,22 @@ def check(x, *, eta, beta_aware=True, tol=1e-4, gtol=None, other_form=True):
         else:
             assert rel(leaf.grad, g_ref) < gtol, (name, rel(leaf.grad, g_ref))
     if other_form:                                  # the form the op does not use by default
-        args = (x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], eta, HP["d_min"], HP["d_max"], HP["eps"],
-                beta_aware)
-        chunked = not tp.CHUNKED_DEFAULT
-        kt2, df2 = tp.precond_scan_fwd(*args, chunked=chunked)
+        args = (x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], eta, bounds["d_min"], bounds["d_max"],
+                bounds["eps"], beta_aware)
+        kt2, df2 = tp.precond_scan_fwd(*args, form="tokens")
         assert rel(kt2, kr) < tol and rel(df2, dr) < tol
-        dk, dbeta, dd0, dret = tp.precond_scan_bwd(gk.to(kt.dtype), gd.to(df.dtype), *args, chunked=chunked)
+        dk, dbeta, dd0, dret = tp.precond_scan_bwd(gk.to(kt.dtype), gd.to(df.dtype), *args, form="tokens")
         grads = dict(k=dk, beta=dbeta, d0=dd0, retention=dret)
         for name, g_ref in zip(leaves, ref):
             if g_ref.abs().max() > 0:
                 assert rel(grads[name], g_ref) < gtol, (name, "other form")
 
 
-def share(x, *, eta, beta_aware=True):
+def share(x, *, eta, beta_aware=True, box=None):
+    """Share of chunks the parallel form ran token by token."""
+    bounds = HP if box is None else dict(HP, d_min=box[0], d_max=box[1])
     return tp.precond_fallback_share(x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], eta=eta,
-                                     beta_aware=beta_aware, **HP)
+                                     beta_aware=beta_aware, **bounds)
 
 
 # ------------------------------------------------------------------ tiny shapes (the interpreter on CPU)
@@ -108,23 +111,43 @@ def test_clamp_heavy_repeated_keys():
     assert share(x, eta=2.0) > 0.0                               # the token-by-token fallback ran
 
 
-def test_pinned_coordinates_stay_chunk_parallel():
-    """d0 on d_max with beta < 1/2: the pre-clamp value points outward, so the coordinates are pinned."""
+def test_pinned_coordinates_fall_back():
+    """d0 on d_max with beta < 1/2: the pre-clamp value points outward, so the clamp fires in every
+    chunk and the parallel form hands each one to the token loop."""
     x = problem(T=130, retention=False)
     x["d0"] = torch.full_like(x["d0"], 2.0)
     x["d0"][..., :4] = 1.0
     x["beta"] = 0.3 * x["beta"]
     check(x, eta=0.05)
-    assert share(x, eta=0.05) == 0.0
+    assert share(x, eta=0.05) == 1.0
 
 
-def test_retention_drives_to_bound_then_pins():
+def test_retention_drives_to_bound():
     x = problem(T=130)
     x["retention"] = torch.full_like(x["retention"], 0.97)
     x["d0"] = torch.full_like(x["d0"], 0.5)
     x["d0"][..., :4] = 1.0
     check(x, eta=0.01)
-    assert 0.0 < share(x, eta=0.01) < 1.0
+    assert share(x, eta=0.01) > 0.0
+
+
+@pytest.mark.parametrize("beta_aware", [True, False])
+def test_parallel_form_retention_near_zero(beta_aware):
+    """Retention in (0.9, 1) and 1e-3 at two tokens, in a box that never clamps: every chunk in the
+    parallel form."""
+    x = problem(T=130, K=16)
+    x["retention"] = 0.9 + 0.1 * torch.rand_like(x["retention"])
+    x["retention"][:, [5, 100]] = 1e-3
+    box = (1e-7, 10.0)
+    check(x, eta=0.05, beta_aware=beta_aware, box=box)
+    assert share(x, eta=0.05, beta_aware=beta_aware, box=box) == 0.0
+
+
+def test_parallel_form_varlen_empty_sequences_fp16():
+    x = problem(T=150, K=16, cu=[0, 0, 70, 70, 71, 150, 150], dtype=torch.float16, retention=False)
+    x["d0"] = 0.9 + 0.2 * torch.rand_like(x["d0"])
+    check(x, eta=0.02, tol=2e-3, gtol=5e-3)
+    assert share(x, eta=0.02) == 0.0
 
 
 def test_zero_and_tiny_keys_eps_floor():
@@ -139,14 +162,22 @@ def test_varlen_empty_and_single_token_bf16():
     check(x, eta=0.05, tol=1e-2, gtol=2e-2)
 
 
-def test_sequential_and_chunked_forms_agree():
+def test_token_and_parallel_forms_agree():
     x = problem(T=80, H=2, retention=False)
     args = (x["k"], x["beta"], x["d0"], None, None, 0.05, 0.5, 2.0, 1e-6, True)
-    for a, b in zip(tp.precond_scan_fwd(*args, chunked=True), tp.precond_scan_fwd(*args, chunked=False)):
+    for a, b in zip(tp.precond_scan_fwd(*args, form="parallel"), tp.precond_scan_fwd(*args, form="tokens")):
         assert rel(a, b) < 1e-5
     g = (torch.randn_like(x["k"]), torch.randn(1, 2, 16, device=DEV))
-    for a, b in zip(tp.precond_scan_bwd(*g, *args, chunked=True), tp.precond_scan_bwd(*g, *args, chunked=False)):
+    for a, b in zip(tp.precond_scan_bwd(*g, *args, form="parallel"), tp.precond_scan_bwd(*g, *args, form="tokens")):
         assert rel(a, b) < 1e-5 if a.numel() else b.numel() == 0
+
+
+@pytest.mark.parametrize("keys, eta", [("unit", 0.05), ("vocab", 2.0)])
+def test_backward_parallel_recompute(monkeypatch, keys, eta):
+    """The adjoint kernel with the chunk trajectories recomputed in the parallel form."""
+    from osdn_ops.triton import precond_bwd
+    monkeypatch.setattr(precond_bwd, "RECOMPUTE_PARALLEL", True)
+    check(problem(T=70, keys=keys, retention=False), eta=eta, gtol=1e-3, other_form=False)
 
 
 def test_empty_time_and_float64_reference():
@@ -165,7 +196,10 @@ def test_empty_time_and_float64_reference():
                          ids=["defaults", "d0-retention"])
 def test_gpu_bench_shapes(shape, opts):
     B, T, H, K = shape
-    check(problem(B, T, H, K, dtype=torch.bfloat16, device="cuda", **opts), eta=0.003, tol=1e-2, gtol=2e-2)
+    x = problem(B, T, H, K, dtype=torch.bfloat16, device="cuda", **opts)
+    check(x, eta=0.003, tol=1e-2, gtol=2e-2)
+    if not opts["d0"]:                      # d starts at 1, far from the box: the parallel form throughout
+        assert share(x, eta=0.003) == 0.0
 
 
 @cuda
@@ -173,6 +207,17 @@ def test_gpu_clamp_heavy():
     x = problem(1, 2048, 2, 128, dtype=torch.bfloat16, keys="vocab", n_keys=32, d0=False, retention=False,
                 device="cuda")
     check(x, eta=0.5, tol=1e-2, gtol=3e-2)
+    assert share(x, eta=0.5) > 0.0
+
+
+@cuda
+def test_gpu_deterministic():
+    x = problem(1, 1024, 4, 128, dtype=torch.bfloat16, keys="vocab", n_keys=32, device="cuda")
+    args = (x["k"], x["beta"], x["d0"], x["retention"], None, 0.3, 0.5, 2.0, 1e-6, True)
+    a, b = tp.precond_scan_fwd(*args), tp.precond_scan_fwd(*args)
+    g = (torch.randn_like(a[0]), torch.randn_like(a[1]))
+    c, e = tp.precond_scan_bwd(*g, *args), tp.precond_scan_bwd(*g, *args)
+    assert all(torch.equal(u, v) for u, v in zip(a + c, b + e))
 
 
 @cuda

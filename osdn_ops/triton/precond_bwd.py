@@ -6,13 +6,16 @@ Shapes as in ``precond``: ``dk_tilde [B,T,H,K]``, ``dd_final [N,H,K]`` -> ``dk``
 What is saved and what is recomputed: the forward's only outputs are ``k_tilde`` and ``d_final``,
 and the autograd function keeps just the inputs, so the backward must rebuild ``d_t``. Storing the
 whole trajectory would cost a fp32 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once;
-instead one program per (sequence, head)
+instead
 
-1. runs the scan forward and writes ``d`` at every chunk start to a checkpoint buffer
-   (``[slots, H, BK]`` fp32, one row per 64-token chunk: 1/64 of the trajectory);
-2. walks the chunks backwards: recomputes the chunk's ``d_t`` from its checkpoint into a per-program
-   scratch ``[C, BK]`` (in the chunk-parallel form where its check passes, else token by token;
-   it stays in L2), then runs the adjoint token by token from the chunk's last token to its first.
+1. the forward kernel (``precond_fwd``, in the same form) runs again and writes only ``d`` at every
+   chunk start to a checkpoint buffer (``[slots, H, BK]`` fp32, one row per 64-token chunk);
+2. one program per (sequence, head) walks the chunks backwards: recomputes the chunk's ``d_t`` from
+   its checkpoint into a per-program scratch ``[C, BK]`` (it stays in L2), then runs the adjoint
+   token by token from the chunk's last token to its first. The recompute goes token by token
+   unless ``RECOMPUTE_PARALLEL`` (chunk-parallel form where its check passes, with the precompute
+   of step 1): that form's tiles want 4-8 warps, which slow the adjoint's per-token reductions
+   (one warp otherwise); which costs less is measured by benchmarks/bench_precond.py.
 
 The adjoint of one token, with ``gpre = g * [d_min <= pre <= d_max]`` (torch.clamp's convention)::
 
@@ -30,8 +33,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .precond_chunked import (CHUNK, MAX_SWEEPS, SWEEP_TOL, advance, block_k, flag_slots, load_d0, load_token,
-                              num_warps, scan_tokens, sequence_bounds, sequences, token_coefs)
+from .precond_fwd import forward_pass
+from .precond_parallel import advance, num_warps, precompute
+from .precond_tokens import CHUNK, block_k, flag_slots, load_token, scan_tokens, sequence_bounds, sequences, token_coefs
+
+#: recompute each chunk's trajectory in the chunk-parallel form inside the adjoint kernel
+RECOMPUTE_PARALLEL = False
 
 
 @triton.jit
@@ -70,28 +77,18 @@ def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R:
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
-def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, dk_ptr, dbeta_ptr, dr_ptr,
-                        dd0_ptr, ckpt_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr,
-                        HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
-                        CHUNKED: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, MAX_IT: tl.constexpr,
-                        TOL: tl.constexpr):
-    """Grid (N, H). ``ckpt`` rows ``(bos // C + n + j) * H + h``; ``traj`` ``[N*H, C, BK]``."""
+def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dk_ptr, dbeta_ptr, dr_ptr,
+                        dd0_ptr, ckpt_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps, HAS_R: tl.constexpr,
+                        VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr, C: tl.constexpr,
+                        BK: tl.constexpr):
+    """Grid (N, H). ``ckpt`` rows ``(bos // C + n + j) * H + h`` (filled by the forward kernel);
+    ``traj`` ``[N*H, C, BK]``; ``m``, ``w0``: the parallel form's precompute."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
     offs = tl.arange(0, BK)
     mk = offs < K
     slot = bos // C + n
-    d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
-    if CHUNKED:
-        for t0 in range(bos, eos, C):
-            tl.store(ckpt_ptr + ((slot + (t0 - bos) // C) * H + h) * BK + offs, d)
-            d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
-                            d_min, d_max, eps, HAS_R, BETA_AWARE, CHUNKED, False, False, C, BK, MAX_IT, TOL)
-    else:
-        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, k_ptr, ckpt_ptr + (slot * H + h) * BK, bos, eos, h, H, K,
-                        eta, d_min, d_max, eps, HAS_R, BETA_AWARE, False, False, True, C, BK)
-    tl.debug_barrier()
     g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=mk, other=0.0).to(tl.float32)
     traj = traj_ptr + (n * H + h) * C * BK
     nchunks = (eos - bos + C - 1) // C
@@ -100,8 +97,12 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
         t0 = bos + j * C
         t1 = tl.minimum(t0 + C, eos)
         d = tl.load(ckpt_ptr + ((slot + j) * H + h) * BK + offs)
-        d, fb = advance(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
-                        HAS_R, BETA_AWARE, CHUNKED, False, True, C, BK, MAX_IT, TOL)
+        if PARALLEL:
+            d, fb = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, k_ptr, traj, t0, t1, h, H, K, eta, d_min,
+                            d_max, eps, HAS_R, BETA_AWARE, False, True, C, BK)
+        else:
+            d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
+                            HAS_R, BETA_AWARE, False, True, False, C, BK)
         tl.debug_barrier()
         # the serial chain (three reductions per token) is shorter than a load: inputs are loaded
         # four tokens ahead (earlier in time), in a rotation of four register sets
@@ -123,30 +124,32 @@ def _precond_bwd_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr
     tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=mk)
 
 
-def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, chunked):
-    """Launch the backward kernel; returns ``(dk, dbeta, dd0, dretention)``.
+def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel):
+    """Launch the checkpoint pass and the backward kernel; returns ``(dk, dbeta, dd0, dretention)``.
 
-    The chunk-parallel recompute is used up to K = 128 only: at K = 256 its two inlined copies need
-    more shared memory (256 KiB for sm_90) than a block may have, so the recompute goes token by token.
+    ``parallel``: the checkpoint pass (and, with ``RECOMPUTE_PARALLEL``, the in-kernel recompute) in
+    the chunk-parallel form (padded K <= 128), else the token loop.
     """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     BK = block_k(K)
-    chunked = chunked and BK <= 128
     dk = torch.empty_like(k)
     dbeta = torch.empty_like(beta)
     dd0 = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
     dr = torch.empty_like(retention) if retention is not None else torch.empty(0, dtype=torch.float32,
                                                                                device=k.device)
     if N * H > 0:
+        recompute = bool(parallel and RECOMPUTE_PARALLEL)
+        scratch = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware) if parallel else (k, k)
         ckpt = torch.empty(flag_slots(k, cu_seqlens), H, BK, dtype=torch.float32, device=k.device)
+        forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
+                     store_kt=False, ckpt=ckpt, scratch=scratch if parallel else None)
         traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
         _precond_bwd_kernel[(N, H)](
-            dk_tilde.contiguous(), dd_final.contiguous(), k, beta, d0 if d0 is not None else k,
+            dk_tilde.contiguous(), dd_final.contiguous(), k, beta,
             retention if retention is not None else k, cu_seqlens if cu_seqlens is not None else k,
-            dk, dbeta, dr if retention is not None else dk, dd0, ckpt, traj,
+            scratch[0], scratch[1], dk, dbeta, dr if retention is not None else dk, dd0, ckpt, traj,
             T, H, K, float(eta), float(d_min), float(d_max), float(eps),
-            HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), CHUNKED=bool(chunked), C=CHUNK, BK=BK, MAX_IT=MAX_SWEEPS,
-            TOL=SWEEP_TOL, num_warps=num_warps(K, chunked))
+            HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+            BETA_AWARE=bool(beta_aware), PARALLEL=recompute, C=CHUNK, BK=BK, num_warps=num_warps(BK, recompute))
     return dk, dbeta, dd0, dr

@@ -1,23 +1,8 @@
-"""Advancing the precond_scan state ``d`` over one chunk of tokens (DESIGN §3), as Triton helpers.
+"""Advancing the precond_scan state ``d`` token by token (DESIGN §3), and the scan's shared helpers.
 
-Two ways, with the same result:
-
-* token by token (``scan_tokens``): the recurrence as written, one dependent K-reduction per token;
-* chunk-parallel (``chunk_try``): without clamping the scan is affine in ``d``,
-  ``d_{t+1} = r_t d_t + u_t s_t`` with the scalar ``u_t = c_t (1 - b_t <s_t, d_t>)``. Writing
-  ``G_t = r_0 ... r_{t-1}`` and ``Gam[t, j] = r_{j+1} ... r_{t-1}`` (j < t), the scalars solve the
-  unit lower-triangular system ``u_t + c_t b_t sum_{j<t} Gam[t,j] <s_t, s_j> u_j = c_t (1 - b_t q_t)``
-  with ``q_t = G_t <s_t, d_0>``, and then ``D = G d_0^T + Gam (u * S)`` is the whole trajectory
-  (one C x C Gram matrix, one C x C by C x K product). The system is solved by Jacobi sweeps
-  ``u <- rhs - A u`` (A is strictly lower triangular, so sweep m makes the first m entries exact;
-  for small ``eta`` the sweeps stop after a few, when ``u`` no longer changes).
-
-  Coordinates on a bound at the chunk start whose first pre-clamp value points outward are
-  *pinned*: they are held at the bound (they still enter ``<s_t, d_t>``, through ``q_t``) and the
-  affine recurrence is solved for the free ones only. The result is exact when every free
-  coordinate's pre-clamp value stays inside ``[d_min, d_max]`` and every pinned one keeps pointing
-  outward on every token of the chunk, and the sweeps converged; otherwise (``ok`` false) the caller
-  recomputes the chunk token by token. NaN/inf never pass the check.
+``scan_tokens`` runs the recurrence as written, one dependent K-reduction per token; it is the
+token-loop form of the scan and the fallback of the chunk-parallel form (``precond_parallel``)
+wherever a clamp fires.
 
 Layout: token ``t`` (flattened over ``B*T``), head ``h`` of ``k`` is at ``(t*H + h)*K``; ``beta``
 and ``retention`` at ``t*H + h``. All offsets are int64.
@@ -27,9 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-CHUNK = 64          # tokens per chunk
-MAX_SWEEPS = 16     # Jacobi sweeps before a chunk gives up and goes token by token
-SWEEP_TOL = 1e-6    # sweeps stop when max|du| <= SWEEP_TOL * max|u|
+CHUNK = 64          # tokens per chunk (checkpoints, the chunk-parallel form)
 
 
 @triton.jit
@@ -106,78 +89,6 @@ def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h
 
 
 @triton.jit
-def chunk_try(d, k_ptr, beta_ptr, r_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-              HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
-              MAX_IT: tl.constexpr, TOL: tl.constexpr):
-    """Chunk-parallel tokens ``[t0, t1)`` (``t1 - t0 <= C``) from ``d`` ([BK] fp32).
-
-    Returns ``(D [C,BK] with d_t per row, keys [C,BK] fp32, d_{t1} [BK], ok)``; the first three are
-    valid only when ``ok``.
-    """
-    offs = tl.arange(0, BK)
-    ci = tl.arange(0, C)
-    rows = t0 + ci
-    mrow = rows < t1
-    mk = offs < K
-    kt = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :], mask=mrow[:, None] & mk[None, :],
-                 other=0.0).to(tl.float32)
-    b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
-    if HAS_R:
-        r = tl.load(r_ptr + rows * H + h, mask=mrow, other=1.0).to(tl.float32)
-    else:
-        r = b * 0.0 + 1.0
-    s = kt * kt
-    nb = tl.maximum(tl.sum(s, 1), eps)
-    if BETA_AWARE:
-        c = eta * b / nb
-        bb = b
-    else:
-        c = eta / nb
-        bb = b * 0.0 + 1.0
-    c = tl.where(mrow, c, 0.0)
-    logr = tl.log(r)
-    lgi = tl.cumsum(logr, 0)            # log of r_0 ... r_t
-    lg = lgi - logr                     # log G_t = log of r_0 ... r_{t-1}
-    # pinned coordinates: on a bound, first pre-clamp value pointing outward
-    k0, b0, r0 = load_token(k_ptr, beta_ptr, r_ptr, t0, h, H, K, offs, HAS_R)
-    s0, n20, nb0, c0, bb0 = token_coefs(k0, b0, eta, eps, BETA_AWARE)
-    pre0 = r0 * d + c0 * (1.0 - bb0 * tl.sum(d * s0, 0)) * s0
-    pin_hi = (d >= d_max) & (pre0 >= d_max) & mk
-    pin_lo = (d <= d_min) & (pre0 <= d_min) & mk
-    free = mk & ~(pin_hi | pin_lo)
-    d_free = tl.where(free, d, 0.0)
-    d_pin = d - d_free
-    G = tl.exp(lg)
-    q = G * tl.sum(s * d_free[None, :], 1) + tl.sum(s * d_pin[None, :], 1)
-    rhs = c * (1.0 - bb * q)
-    sf = tl.where(free[None, :], s, 0.0)
-    gram = tl.dot(sf, tl.trans(sf), input_precision="tf32x3")
-    lower = ci[:, None] > ci[None, :]
-    gam = tl.where(lower, tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)), 0.0)
-    A = (c * bb)[:, None] * gam * gram
-    u = rhs
-    it = tl.full([], 0, tl.int32)
-    delta = tl.full([], 1.0, tl.float32)
-    scale = tl.full([], 0.0, tl.float32)
-    while (it < MAX_IT) & (delta > TOL * scale):
-        u_new = rhs - tl.sum(A * u[None, :], 1)
-        delta = tl.max(tl.abs(u_new - u), 0)
-        scale = tl.max(tl.abs(u_new), 0)
-        u = u_new
-        it += 1
-    converged = delta <= TOL * scale
-    D = G[:, None] * d_free[None, :] + tl.dot(gam, u[:, None] * sf, input_precision="tf32x3") + d_pin[None, :]
-    P = r[:, None] * D + u[:, None] * s        # pre-clamp d_{t+1}
-    good = ((free[None, :] & (P >= d_min) & (P <= d_max)) | (pin_hi[None, :] & (P >= d_max))
-            | (pin_lo[None, :] & (P <= d_min)) | ~mk[None, :] | ~mrow[:, None])
-    ok = converged & (tl.min(good.to(tl.int32)) > 0)
-    last = (t1 - 1 - t0).to(tl.int32)
-    d_end = tl.sum(tl.where(ci[:, None] == last, P, 0.0), 0)
-    d_end = tl.where(mk, tl.minimum(tl.maximum(d_end, d_min), d_max), d)
-    return D, kt, d_end, ok
-
-
-@triton.jit
 def sequence_bounds(cu_ptr, n, T, VARLEN: tl.constexpr):
     """First and one-past-last flattened token (int64) of sequence ``n``."""
     if VARLEN:
@@ -187,40 +98,6 @@ def sequence_bounds(cu_ptr, n, T, VARLEN: tl.constexpr):
         bos = n * T
         eos = bos + T
     return bos, eos
-
-
-@triton.jit
-def advance(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-            HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, CHUNKED: tl.constexpr, STORE_KT: tl.constexpr,
-            STORE_TRAJ: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, MAX_IT: tl.constexpr,
-            TOL: tl.constexpr):
-    """``d`` over tokens ``[t0, t1)`` (at most C), storing k_tilde / the trajectory if asked.
-
-    Returns ``(d_{t1}, fell_back)``; ``fell_back`` is 1 when the chunk went token by token.
-    """
-    if CHUNKED:
-        D, kv, d_end, ok = chunk_try(d, k_ptr, beta_ptr, r_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-                                     HAS_R, BETA_AWARE, C, BK, MAX_IT, TOL)
-        if ok:
-            ci = tl.arange(0, C)
-            offs = tl.arange(0, BK)
-            m = ((t0 + ci) < t1)[:, None] & (offs < K)[None, :]
-            if STORE_KT:
-                tl.store(kt_ptr + ((t0 + ci)[:, None] * H + h) * K + offs[None, :],
-                         (D * kv).to(kt_ptr.dtype.element_ty), mask=m)
-            if STORE_TRAJ:
-                tl.store(traj_ptr + ci[:, None] * BK + offs[None, :], D)
-            d_next = d_end
-            fell_back = tl.full([], 0, tl.int32)
-        else:
-            d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min,
-                                 d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, False, C, BK)
-            fell_back = tl.full([], 1, tl.int32)
-    else:
-        d_next = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, traj_ptr, t0, t1, h, H, K, eta, d_min,
-                             d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, False, C, BK)
-        fell_back = tl.full([], 1, tl.int32)
-    return d_next, fell_back
 
 
 @triton.jit
@@ -237,13 +114,6 @@ def load_d0(d0_ptr, n, h, H, K, HAS_D0: tl.constexpr, BK: tl.constexpr):
 def block_k(K: int) -> int:
     """Padded feature block (a power of two, at least 16 for tl.dot)."""
     return max(16, triton.next_power_of_2(K))
-
-
-def num_warps(K: int, chunked: bool) -> int:
-    """Few warps for the token loop (cheap reductions), more for the chunk tiles."""
-    if chunked:
-        return 8 if K > 128 else 4
-    return 2 if K > 128 else 1
 
 
 def sequences(k, cu_seqlens) -> int:

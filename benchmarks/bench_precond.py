@@ -1,0 +1,72 @@
+"""precond_scan on the GPU: token loop vs chunk-parallel form, forward and forward+backward.
+
+Usage: ``PYTHONPATH=. python benchmarks/bench_precond.py OUT.md`` (CUDA). Shapes S1, S2, S3 and
+S1-clamp of BENCH.md (bf16 keys, default hyperparameters; S1-clamp: vocabulary keys, eta 0.5).
+Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly;
+the last time column recomputes the backward's chunk trajectories in the parallel form too
+(``precond_bwd.RECOMPUTE_PARALLEL``); the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
+Prints the markdown table and writes it to OUT.md.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import triton
+
+from osdn_ops.bench import GPU_SHAPES, make_problem
+from osdn_ops.triton import precond as tp
+from osdn_ops.triton import precond_bwd
+
+SHAPES = ("S1", "S2", "S3", "S1-clamp")
+FORMS = ("tokens", "parallel")
+
+
+def _args(p):
+    hp = p.hp
+    return (p.k, p.beta, None, None, p.cu_seqlens, hp["eta"], hp["d_min"], hp["d_max"], hp["eps"], hp["beta_aware"])
+
+
+def _ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def measure(name: str) -> list[str]:
+    """One table row: shape, fwd and fwd+bwd ms per form, speedups, fallback share."""
+    base = name.removesuffix("-clamp")
+    p = make_problem(base, GPU_SHAPES[base], "cuda", clamp=name.endswith("-clamp"))
+    args = _args(p)
+    kt, df = tp.precond_scan_fwd(*args)
+    gk, gd = torch.randn_like(kt), torch.randn_like(df)
+    res = {}
+    for form in FORMS:
+        fwd = _ms(lambda: tp.precond_scan_fwd(*args, form=form))
+        both = _ms(lambda: (tp.precond_scan_fwd(*args, form=form), tp.precond_scan_bwd(gk, gd, *args, form=form)))
+        res[form] = (fwd, both)
+    precond_bwd.RECOMPUTE_PARALLEL = True
+    rec = _ms(lambda: (tp.precond_scan_fwd(*args), tp.precond_scan_bwd(gk, gd, *args)))
+    precond_bwd.RECOMPUTE_PARALLEL = False
+    share = tp.precond_fallback_share(p.k, p.beta, None, None, p.cu_seqlens, **p.hp)
+    (tf, tb), (pf, pb) = res["tokens"], res["parallel"]
+    return [name, f"{tf:.3f}", f"{pf:.3f}", f"{tf / pf:.1f}x", f"{tb:.3f}", f"{pb:.3f}", f"{tb / pb:.1f}x",
+            f"{rec:.3f}", f"{share:.3f}"]
+
+
+def main(argv=None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    head = ["shape", "tokens fwd", "parallel fwd", "speedup", "tokens fwd+bwd", "parallel fwd+bwd", "speedup",
+            "parallel fwd+bwd, parallel recompute", "fallback share"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in SHAPES:
+        lines.append("| " + " | ".join(measure(name)) + " |")
+        print(lines[-1], flush=True)
+    text = "precond_scan, median ms (" + torch.cuda.get_device_name() + ")\n\n" + "\n".join(lines) + "\n"
+    print(text)
+    if argv:
+        with open(argv[0], "w") as f:
+            f.write(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
