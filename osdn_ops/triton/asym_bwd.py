@@ -28,7 +28,8 @@ forward's stage functions: the op's forward keeps only o and the final state.
 Kernels: ``_dv_local`` (P^T dO, parallel), ``_dh`` (the reverse recurrence, one program per
 sequence, head and V block), ``_dqkv`` (step 2, parallel), and for the channel gate
 ``_channel_intra`` (the per-channel E terms, which are no matrix products). No atomics: every
-reduction runs inside one program in a fixed order.
+reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and fp32
+inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
 from __future__ import annotations
 
