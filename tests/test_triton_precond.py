@@ -138,6 +138,7 @@ def test_parallel_form_retention_near_zero(beta_aware):
     x = problem(T=130, K=16)
     x["retention"] = 0.9 + 0.1 * torch.rand_like(x["retention"])
     x["retention"][:, [5, 100]] = 1e-3
+    x["d0"] = 0.5 + 0.4 * torch.rand_like(x["d0"])          # <d, s> < 1 for unit keys: w > 0, d stays > 0
     box = (1e-7, 10.0)
     check(x, eta=0.05, beta_aware=beta_aware, box=box)
     assert share(x, eta=0.05, beta_aware=beta_aware, box=box) == 0.0
