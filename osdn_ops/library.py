@@ -100,7 +100,10 @@ def _precond_setup(ctx, inputs, keyword_only_inputs, output):
 
 def _precond_backward(ctx, dk_tilde, dd_final):
     k, beta, d0, retention, cu_seqlens = ctx.saved_tensors
-    dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, **ctx.hp)
+    # incoming gradients may be broadcast views (the gradient of a sum is an expanded one):
+    # the kernels index dense tensors
+    dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde.contiguous(), dd_final.contiguous(), k, beta, d0, retention,
+                                               cu_seqlens, **ctx.hp)
     return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None
 
 
@@ -153,8 +156,8 @@ def _register_asym_autograd(op, gate: str) -> None:
 
     def backward(ctx, do, dht):
         q, k, k_tilde, v, g, beta, h0, cu = ctx.saved_tensors
-        dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do, dht, q, k, k_tilde, v, g, beta, h0, cu,
-                                                              scale=ctx.scale, gate=gate)
+        dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do.contiguous(), dht.contiguous(), q, k, k_tilde, v,
+                                                              g, beta, h0, cu, scale=ctx.scale, gate=gate)
         dh0 = dh0 if h0 is not None else None
         if gate == "none":
             return dq, dk, dkt, dv, dbeta, dh0, None

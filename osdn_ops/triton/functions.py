@@ -25,7 +25,8 @@ class _PrecondScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dk_tilde, dd_final):
         k, beta, d0, retention, cu_seqlens = ctx.saved_tensors
-        dk, dbeta, dd0, dr = kernels.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, **ctx.hp)
+        dk, dbeta, dd0, dr = kernels.precond_scan_bwd(*checks.contiguous(dk_tilde, dd_final), k, beta, d0, retention,
+                                                      cu_seqlens, **ctx.hp)
         return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None, None
 
 
@@ -39,8 +40,8 @@ class _ChunkAsym(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dht):
         q, k, k_tilde, v, g, beta, h0, cu = ctx.saved_tensors
-        dq, dk, dkt, dv, dg, dbeta, dh0 = kernels.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, h0, cu,
-                                                                 ctx.scale, ctx.gate)
+        dq, dk, dkt, dv, dg, dbeta, dh0 = kernels.chunk_asym_bwd(*checks.contiguous(do, dht), q, k, k_tilde, v, g,
+                                                                 beta, h0, cu, ctx.scale, ctx.gate)
         return (dq, dk, dkt, dv, (dg if g is not None else None), dbeta, (dh0 if h0 is not None else None),
                 None, None, None)
 
