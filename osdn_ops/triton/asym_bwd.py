@@ -40,11 +40,10 @@ import triton
 import triton.language as tl
 
 from ..reference import asym as ref
+from .asym_chunks import CHUNK as C
+from .asym_chunks import GATE_CODE, block, chunk_span
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 from .varlen import chunk_table
-
-C = 64
-GATE_ID = {"none": 0, "scalar": 1, "channel": 2}
 
 
 @triton.jit
@@ -94,11 +93,9 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
     """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
     c = tl.program_id(0)
     hh = tl.program_id(1)
-    n = tl.load(table + 2 * c)
-    if n < 0:
+    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    if L <= 0:
         return
-    start = tl.load(table + 2 * c + 1).to(tl.int64)
-    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
     i = tl.arange(0, 64)
     rm = i < L
     rows = start + i
@@ -181,11 +178,9 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
     c = tl.program_id(0)
     hh = tl.program_id(1)
-    n = tl.load(table + 2 * c)
-    if n < 0:
+    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    if L <= 0:
         return
-    start = tl.load(table + 2 * c + 1).to(tl.int64)
-    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
     i = tl.arange(0, 64)
     rm = i < L
     rows = start + i
@@ -288,11 +283,9 @@ def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, 
     """Channel gate: add the E terms channel by channel, then dg = reverse cumsum of dG + last-row term."""
     c = tl.program_id(0)
     hh = tl.program_id(1)
-    n = tl.load(table + 2 * c)
-    if n < 0:
+    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    if L <= 0:
         return
-    start = tl.load(table + 2 * c + 1).to(tl.int64)
-    L = tl.minimum(tl.load(cu + n + 1) - start, 64)
     i = tl.arange(0, 64)
     rm = i < L
     rows = start + i
@@ -328,10 +321,6 @@ def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, 
     tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
 
 
-def _pow2(x: int) -> int:
-    return max(16, triton.next_power_of_2(x))
-
-
 def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
     """Triton backward: ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)`` (contract of
     ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32."""
@@ -346,7 +335,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
         dg = dg if g is None else torch.zeros_like(g)
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k_tilde), torch.zeros_like(v), dg,
                 torch.zeros_like(beta), dht.float().clone().contiguous())
-    GATE = GATE_ID[gate]
+    GATE = GATE_CODE[gate]
     cu = (torch.arange(B + 1, device=dev, dtype=torch.int64) * T if cu_seqlens is None
           else cu_seqlens.to(torch.int64))
     table = chunk_table(cu, B * T, C)
@@ -359,14 +348,14 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate)
     Gp = beta if G is None else G                 # never read when GATE == 0
 
-    BK = _pow2(K)
+    BK = block(K)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     # _dqkv rounds its product operands to bf16 for half inputs (its fp32 operands need up to 200 KB of
     # shared memory); the CPU interpreter has no bf16 products, so there it keeps fp32 operands
     HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
     f32 = dict(dtype=torch.float32, device=dev)
     dvl = torch.empty(B, T, H, V, **f32)
-    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, _pow2(V)), GATE, PREC,
+    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, block(V)), GATE, PREC,
                       num_warps=4)
     dh = torch.empty(M, H, K, V, **f32)
     dvn = torch.empty(B, T, H, V, **f32)
@@ -378,7 +367,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
-    BV = 32 if BK > 128 else min(64, _pow2(V))
+    BV = 32 if BK > 128 else min(64, block(V))
     if GATE == 2:
         pq, pk, pkt = (torch.empty(B, T, H, K, **f32) for _ in range(3))
         pb = torch.empty(B, T, H, **f32)
