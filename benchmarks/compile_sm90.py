@@ -1,0 +1,134 @@
+"""Compile every Triton kernel variant the ops launch for sm_90 (H100/H200), without a GPU.
+
+    PYTHONPATH=. python benchmarks/compile_sm90.py [KERNEL ...]     # e.g. _dqkv _dv_local
+
+A child process runs the ops under the Triton interpreter with kernel execution switched off
+and records each launch (kernel, argument types, constexprs, warps, stages) as the GPU path
+would make it (half-precision operand types included); this process then compiles every
+distinct one with Triton's own toolchain for ``GPUTarget("cuda", 90, 32)`` and prints its
+shared memory.
+A variant that does not compile (or needs more than the 227 KiB of shared memory a Hopper
+block gets) is listed and makes the exit status 1. Catches what the interpreter cannot:
+register/shared-memory limits and compile errors of the GPU backend.
+"""
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+SMEM_LIMIT = 227 * 1024
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
+         torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+
+
+def _type(x):
+    if isinstance(x, torch.Tensor):
+        return "*" + TYPES[x.dtype]
+    if isinstance(x, bool):
+        return "i1"
+    if isinstance(x, int):
+        return "i32" if -2**31 <= x < 2**31 else "i64"
+    if isinstance(x, float):
+        return "fp32"
+    raise TypeError(type(x))
+
+
+def _const(v):
+    import triton.language as tl
+    return {"tl": str(v)} if isinstance(v, tl.dtype) else v
+
+
+def _unconst(v):
+    import triton.language as tl
+    return getattr(tl, {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(v["tl"], v["tl"])) \
+        if isinstance(v, dict) else v
+
+
+def record(workload):
+    """Distinct launches of ``workload()`` as (module, kernel, signature, constexprs, options)."""
+    from triton.runtime import interpreter as interp
+    seen = {}
+    call = interp.GridExecutor.__call__
+
+    def recording_call(self, *args, **kwargs):
+        bound = dict(zip(self.arg_names, args))
+        bound.update({k: v for k, v in kwargs.items() if k in self.arg_names})
+        opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+        sig, consts = {}, {}
+        for name in self.arg_names:
+            val = bound.get(name)
+            if name in self.constexprs or val is None:
+                sig[name], consts[name] = "constexpr", val
+            else:
+                sig[name] = _type(val)
+        key = (self.fn.__name__, tuple(sig.items()), tuple((k, str(v)) for k, v in consts.items()),
+               tuple(opts.items()))
+        seen.setdefault(key, (self.fn.__module__, self.fn.__name__, sig,
+                              {k: _const(v) for k, v in consts.items()}, opts))
+        # no execution: only the launch's types and constants matter here
+
+    interp.GridExecutor.__call__ = recording_call
+    try:
+        workload()
+    finally:
+        interp.GridExecutor.__call__ = call
+    return list(seen.values())
+
+
+def workload():
+    import osdn_ops.triton as ot
+    from tests.inputs import asym_call, asym_problem, precond_problem
+    os.environ.pop("TRITON_INTERPRET")  # kernels are defined: now pick operand types as on a GPU
+    fns = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
+    for K, V in ((128, 128), (64, 16), (256, 256), (48, 96)):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for gate, fn in fns.items():
+                for cu in (None, [0, 0, 70, 130]):
+                    x = asym_problem(gate, B=2 if cu is None else 1, T=130, H=2, K=K, V=V, dtype=dtype,
+                                     cu_seqlens=cu, requires_grad=True)
+                    o, s = asym_call(fn, gate, x)
+                    torch.autograd.backward((o, s), (torch.ones_like(o), torch.ones_like(s)))
+            for form in ("tokens", "parallel"):
+                p = precond_problem(B=1, T=130, H=2, K=K, dtype=dtype, cu_seqlens=[0, 0, 70, 130])
+                args = (p["k"], p["beta"].float(), p["d0"].float(), p["retention"].float(), p["cu_seqlens"],
+                        0.5, 0.5, 2.0, 1e-6, True)
+                kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
+                ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
+
+
+def main():
+    if sys.argv[1:] == ["--record"]:
+        json.dump(record(workload), sys.stdout)
+        return 0
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, __file__, "--record"], env=env, check=True, capture_output=True, text=True)
+    launches = [x for x in json.loads(out.stdout) if not sys.argv[1:] or x[1] in sys.argv[1:]]
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    failures = 0
+    target = GPUTarget("cuda", 90, 32)
+    for module, name, sig, consts, opts in launches:
+        fn = getattr(importlib.import_module(module), name)
+        consts = {k: _unconst(v) for k, v in consts.items()}
+        names = list(sig)
+        src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+        tag = ", ".join(f"{k}={v}" for k, v in consts.items() if k.isupper() and v is not None)
+        try:
+            compiled = triton.compile(src, target=target, options=opts)
+            smem = compiled.metadata.shared
+            bad = smem > SMEM_LIMIT
+            failures += bad
+            print(f"{'FAIL' if bad else 'ok  '} {name:24s} smem {smem / 1024:6.1f} KiB  {opts}  {tag}", flush=True)
+        except Exception as e:
+            failures += 1
+            print(f"FAIL {name:24s} {type(e).__name__}: {str(e).splitlines()[0][:120]}  {tag}", flush=True)
+    print(f"{len(launches)} kernel variants, {failures} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
