@@ -353,10 +353,11 @@ def main(argv=None) -> list[Row]:
                         f.write(table(rows) + "\n")
                 print(f"{row.op:24s} {row.impl:38s} {row.shape:9s} fwd {row.fwd:8.3f} ms  fwd+bwd {row.fwd_bwd:8.3f} ms"
                       f"  err {row.err:.1e}  {row.note}", flush=True)
-    out = table(rows)
     print()
-    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
-    print(out)
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}; "
+          "shapes (B, T, H, K, V, packed sequences): "
+          + ", ".join(f"{n} {shapes[n]}" for n in dict.fromkeys(s.removesuffix("-clamp") for s in args.shapes.split(","))))
+    print(table(rows))
     return rows
 
 
