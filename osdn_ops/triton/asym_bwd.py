@@ -88,17 +88,22 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
 
 
 @triton.jit
+def _chunk_rows(c, table, cu):
+    """Chunk-table row ``c``: first token (int64), length (<= 0: no chunk), row index ``i [64]``,
+    valid-row mask and token rows."""
+    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    i = tl.arange(0, 64)
+    return start, L, i, i < L, start + i
+
+
+@triton.jit
 def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
-    c = tl.program_id(0)
-    hh = tl.program_id(1)
-    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    c, hh = tl.program_id(0), tl.program_id(1)
+    start, L, i, rm, rows = _chunk_rows(c, table, cu)
     if L <= 0:
         return
-    i = tl.arange(0, 64)
-    rm = i < L
-    rows = start + i
     P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC)
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
@@ -176,14 +181,10 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
           HALF: tl.constexpr):
     """Step 2 per chunk. GATE 0/1: final dq, dk, dkt, dv, dbeta (, dg). GATE 2: dv final; fp32 partial
     dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
-    c = tl.program_id(0)
-    hh = tl.program_id(1)
-    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    c, hh = tl.program_id(0), tl.program_id(1)
+    start, L, i, rm, rows = _chunk_rows(c, table, cu)
     if L <= 0:
         return
-    i = tl.arange(0, 64)
-    rm = i < L
-    rows = start + i
     ak = tl.arange(0, BK)
     km = ak < K
     sbase = (c.to(tl.int64) * H + hh) * K * V
@@ -281,14 +282,10 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
 def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, pdbeta, dq, dk, dkt, dbeta, dg,
                    table, cu, H, K):
     """Channel gate: add the E terms channel by channel, then dg = reverse cumsum of dG + last-row term."""
-    c = tl.program_id(0)
-    hh = tl.program_id(1)
-    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    c, hh = tl.program_id(0), tl.program_id(1)
+    start, L, i, rm, rows = _chunk_rows(c, table, cu)
     if L <= 0:
         return
-    i = tl.arange(0, 64)
-    rm = i < L
-    rows = start + i
     valid = rm[:, None] & rm[None, :]
     offa = (rows[:, None] * H + hh) * 64 + i[None, :]
     dPm = tl.load(dP_buf + offa, mask=valid, other=0.)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .asym_chunks import chunk_layout, chunk_span
 from .asym_wy import _invert_diagonal, _merge_blocks
-from .precond_tokens import scan_tokens
+from .precond_tokens import scan_tokens, token_coefs
 
 #: the parallel form covers padded key widths up to this (wider: token loop; its [64, K] fp32 tiles
 #: would not fit the registers)
@@ -70,15 +70,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr,
     mrow = ci < n
     kv = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :], mask=mrow[:, None] & (offs < K)[None, :],
                  other=0.0).to(tl.float32)
-    s = kv * kv
-    nb = tl.maximum(tl.sum(s, 1), eps)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
-    if BETA_AWARE:
-        c = eta * b / nb
-        bb = b
-    else:
-        c = eta / nb
-        bb = b * 0.0 + 1.0
+    s, _, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
     c = tl.where(mrow, c, 0.0)
     r, lg, lgi = chunk_logs(r_ptr, rows, mrow, h, H, HAS_R, C)
     gram = tl.dot(s, tl.trans(s), input_precision="ieee")

@@ -16,10 +16,11 @@ CHUNK = 64          # tokens per chunk (checkpoints, the chunk-parallel form)
 
 
 @triton.jit
-def token_coefs(kv, b, eta, eps, BETA_AWARE: tl.constexpr):
-    """One token's ``s = k*k``, ``||k||^2``, ``nb = max(||k||^2, eps)``, ``c`` and the beta factor of ``a``."""
+def token_coefs(kv, b, eta, eps, BETA_AWARE: tl.constexpr, AXIS: tl.constexpr = 0):
+    """``s = k*k``, ``||k||^2``, ``nb = max(||k||^2, eps)``, ``c`` and the beta factor of ``a``: of one
+    token (``kv [BK]``, ``b`` scalar), or of a chunk's rows (``kv [C, BK]``, ``b [C]``, ``AXIS=1``)."""
     s = kv * kv
-    n2 = tl.sum(s, 0)
+    n2 = tl.sum(s, AXIS)
     nb = tl.maximum(n2, eps)
     if BETA_AWARE:
         c = eta * b / nb
