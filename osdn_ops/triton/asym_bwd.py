@@ -41,7 +41,7 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import GATE_CODE, block, chunk_span
+from .asym_chunks import GATE_CODE, block, chunk_layout, chunk_span
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 from .varlen import chunk_table
 
@@ -340,9 +340,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     counts = (cu[1:] - cu[:-1] + C - 1) // C
     first = (torch.cumsum(counts, 0) - counts).contiguous()
 
-    G = None if g is None else gate_cumsum(g, cu_seqlens, C)
-    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate)
-    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate)
+    lay = chunk_layout(cu_seqlens, B, T)  # one chunk grid for the three recompute stages
+    G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
+    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
+    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay)
     Gp = beta if G is None else G                 # never read when GATE == 0
 
     BK = block(K)
