@@ -3,8 +3,7 @@
 Usage: ``PYTHONPATH=. python benchmarks/bench_precond.py OUT.md`` (CUDA). Shapes S1, S2, S3 and
 S1-clamp of BENCH.md (bf16 keys, default hyperparameters; S1-clamp: vocabulary keys, eta 0.5).
 Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly;
-the last time column recomputes the backward's chunk trajectories in the parallel form too
-(``precond_bwd.RECOMPUTE_PARALLEL``); the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
+the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
 Prints the markdown table and writes it to OUT.md.
 """
 from __future__ import annotations
@@ -16,7 +15,6 @@ import triton
 
 from osdn_ops.bench import GPU_SHAPES, make_problem
 from osdn_ops.triton import precond as tp
-from osdn_ops.triton import precond_bwd
 
 SHAPES = ("S1", "S2", "S3", "S1-clamp")
 FORMS = ("tokens", "parallel")
@@ -43,19 +41,16 @@ def measure(name: str) -> list[str]:
         fwd = _ms(lambda: tp.precond_scan_fwd(*args, form=form))
         both = _ms(lambda: (tp.precond_scan_fwd(*args, form=form), tp.precond_scan_bwd(gk, gd, *args, form=form)))
         res[form] = (fwd, both)
-    precond_bwd.RECOMPUTE_PARALLEL = True
-    rec = _ms(lambda: (tp.precond_scan_fwd(*args), tp.precond_scan_bwd(gk, gd, *args)))
-    precond_bwd.RECOMPUTE_PARALLEL = False
     share = tp.precond_fallback_share(p.k, p.beta, None, None, p.cu_seqlens, **p.hp)
     (tf, tb), (pf, pb) = res["tokens"], res["parallel"]
     return [name, f"{tf:.3f}", f"{pf:.3f}", f"{tf / pf:.1f}x", f"{tb:.3f}", f"{pb:.3f}", f"{tb / pb:.1f}x",
-            f"{rec:.3f}", f"{share:.3f}"]
+            f"{share:.3f}"]
 
 
 def main(argv=None) -> str:
     argv = sys.argv[1:] if argv is None else argv
     head = ["shape", "tokens fwd", "parallel fwd", "speedup", "tokens fwd+bwd", "parallel fwd+bwd", "speedup",
-            "parallel fwd+bwd, parallel recompute", "fallback share"]
+            "fallback share"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in SHAPES:
         lines.append("| " + " | ".join(measure(name)) + " |")

@@ -6,7 +6,7 @@ A child process runs the ops under the Triton interpreter with kernel execution 
 and records each launch (kernel, argument types, constexprs, warps, stages) as the GPU path
 would make it (half-precision operand types included); this process then compiles every
 distinct one with Triton's own toolchain for ``GPUTarget("cuda", 90, 32)`` and prints its
-shared memory.
+shared memory, registers per thread and spilled bytes (``ptxas -v``).
 A variant that does not compile (or needs more than the 227 KiB of shared memory a Hopper
 block gets) is listed and makes the exit status 1. Catches what the interpreter cannot:
 register/shared-memory limits and compile errors of the GPU backend.
@@ -99,6 +99,20 @@ def workload():
                 ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
 
 
+def _ptxas_usage(ptx: str) -> str:
+    """``registers, spill stores`` of a kernel's PTX, from ``ptxas -v`` for sm_90a."""
+    import re
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    res = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull],
+                         capture_output=True, text=True)
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", res.stderr)
+    return f"regs {regs.group(1) if regs else '?':>3s}  spill {spill.group(1) if spill else '?':>5s} B"
+
+
 def main():
     if sys.argv[1:] == ["--record"]:
         json.dump(record(workload), sys.stdout)
@@ -122,7 +136,9 @@ def main():
             smem = compiled.metadata.shared
             bad = smem > SMEM_LIMIT
             failures += bad
-            print(f"{'FAIL' if bad else 'ok  '} {name:24s} smem {smem / 1024:6.1f} KiB  {opts}  {tag}", flush=True)
+            usage = _ptxas_usage(compiled.asm["ptx"])
+            print(f"{'FAIL' if bad else 'ok  '} {name:24s} smem {smem / 1024:6.1f} KiB  {usage}  {opts}  {tag}",
+                  flush=True)
         except Exception as e:
             failures += 1
             print(f"FAIL {name:24s} {type(e).__name__}: {str(e).splitlines()[0][:120]}  {tag}", flush=True)

@@ -173,12 +173,20 @@ def test_token_and_parallel_forms_agree():
         assert rel(a, b) < 1e-5 if a.numel() else b.numel() == 0
 
 
-@pytest.mark.parametrize("keys, eta", [("unit", 0.05), ("vocab", 2.0)])
-def test_backward_parallel_recompute(monkeypatch, keys, eta):
-    """The adjoint kernel with the chunk trajectories recomputed in the parallel form."""
-    from osdn_ops.triton import precond_bwd
-    monkeypatch.setattr(precond_bwd, "RECOMPUTE_PARALLEL", True)
-    check(problem(T=70, keys=keys, retention=False), eta=eta, gtol=1e-3, other_form=False)
+@pytest.mark.parametrize("keys, eta, retention, fallback", [
+    ("unit", 0.05, None, "none"), ("unit", 0.05, 0.99, "none"), ("vocab", 1.0, 0.99, "some"),
+    ("vocab", 2.0, None, "all")])
+def test_parallel_backward(keys, eta, retention, fallback):
+    """The adjoint group by group (chunks that passed the check), token by token elsewhere, with and
+    without retention; ``fallback``: which share of the chunks the inputs send to the token loop."""
+    x = problem(T=150, H=2, keys=keys, retention=retention is not None)
+    gen = torch.Generator().manual_seed(1)
+    x["d0"] = 1.0 + 0.2 * torch.rand(x["d0"].shape, generator=gen).to(x["d0"])
+    if retention is not None:
+        x["retention"] = retention + (1 - retention) * torch.rand(x["retention"].shape, generator=gen).to(x["d0"])
+    got = share(x, eta=eta)
+    assert {"none": got == 0.0, "some": 0.0 < got < 1.0, "all": got == 1.0}[fallback], got
+    check(x, eta=eta, tol=1e-5, other_form=False)
 
 
 def test_empty_time_and_float64_reference():

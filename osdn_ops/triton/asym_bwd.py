@@ -46,13 +46,17 @@ from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 from .varlen import chunk_table
 
 
+#: launch of the reverse recurrence ``_dh`` (V block: 0 picks 32 or 16 by the grid size)
+DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
+
+
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
     """fp32-accumulated product; HALF: operands rounded to bf16 (half-precision inputs)."""
     if HALF:
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
     else:
-        return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
 
 
 @triton.jit
@@ -116,8 +120,12 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
 
 @triton.jit
 def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
-        V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
-    """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0."""
+        V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
+    """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0.
+
+    HALF: the products read half-precision operands (the inputs' own q, kt, W and dO; the fp32 state
+    gradient and dVn rounded to bf16 for the product only) with fp32 accumulation, so no [64, K] fp32
+    tile is held; the recurrence itself stays in fp32."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -147,30 +155,29 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
         tl.store(dh + ((f0 + ic) * H + hh) * K * V + ak[:, None] * V + ov[None, :], dS, mask=sm)
         mk = rm[:, None] & km[None, :]
         offk = (rows[:, None] * H + hh) * K + ak[None, :]
-        ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
-        qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
-        wm = tl.load(W + offk, mask=mk, other=0.).to(tl.float32)
+        ktm = tl.load(kt + offk, mask=mk, other=0.)
+        qm = tl.load(q + offk, mask=mk, other=0.)
+        wm = tl.load(W + offk, mask=mk, other=0.)
         if GATE == 1:
             gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
             gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32)
-            ktm = ktm * tl.exp(gl - gv)[:, None]
-            qm = qm * tl.exp(gv)[:, None]
+            ktm = (ktm.to(tl.float32) * tl.exp(gl - gv)[:, None]).to(ktm.dtype)
+            qm = (qm.to(tl.float32) * tl.exp(gv)[:, None]).to(qm.dtype)
             decay = tl.exp(gl)
         elif GATE == 2:
             gm = tl.load(G + offk, mask=mk, other=0.).to(tl.float32)
             gl = tl.load(G + ((start + L - 1) * H + hh) * K + ak, mask=km, other=0.).to(tl.float32)
-            ktm = ktm * tl.exp(gl[None, :] - gm)
-            qm = qm * tl.exp(gm)
+            ktm = (ktm.to(tl.float32) * tl.exp(gl[None, :] - gm)).to(ktm.dtype)
+            qm = (qm.to(tl.float32) * tl.exp(gm)).to(qm.dtype)
             decay = tl.exp(gl)[:, None]
         else:
             decay = 1.
         mv = rm[:, None] & vm[None, :]
         offv = (rows[:, None] * H + hh) * V + ov[None, :]
-        dO = tl.load(do + offv, mask=mv, other=0.).to(tl.float32)
-        dV = tl.load(dvl + offv, mask=mv, other=0.) + tl.dot(ktm, dS, input_precision=PREC)
+        dO = tl.load(do + offv, mask=mv, other=0.)
+        dV = tl.load(dvl + offv, mask=mv, other=0.) + _mm(ktm, dS, PREC, HALF)
         tl.store(dvn + offv, dV, mask=mv)
-        dS = (decay * dS + scale * tl.dot(tl.trans(qm), dO, input_precision=PREC)
-              - tl.dot(tl.trans(wm), dV, input_precision=PREC))
+        dS = decay * dS + scale * _mm(tl.trans(qm), dO, PREC, HALF) - _mm(tl.trans(wm), dV, PREC, HALF)
     tl.store(dh0 + sbase + soff, dS, mask=sm)
 
 
@@ -358,10 +365,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dh = torch.empty(M, H, K, V, **f32)
     dvn = torch.empty(B, T, H, V, **f32)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
-    BVh = 32 if N * H * triton.cdiv(V, 32) >= 256 else 16
+    BVh = DH_BV or (32 if N * H * triton.cdiv(V, 32) >= 256 else 16)
     _dh[(triton.cdiv(V, BVh), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
-                                       BK, BVh, GATE, PREC, num_warps=4,
-                                       num_stages=3 if HALF else 1)
+                                       BK, BVh, GATE, PREC, HALF, num_warps=DH_WARPS,
+                                       num_stages=DH_STAGES if HALF else 1)
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))

@@ -7,15 +7,14 @@ Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 
 Two forms (``form``):
 
-* ``"parallel"``: a parallel precompute over all chunks and heads (``precond_parallel``),
-  then one program per (sequence, head) carries ``d`` through its 64-token chunks, each a few
-  matrix products; a chunk where a clamp fires (or that starts with a coordinate pinned on a bound
-  and pointing outward) is redone token by token. Padded K > 128 uses the token loop.
-* ``"tokens"`` (default): one program per (sequence, head), token by token (``precond_tokens``).
+* ``"parallel"`` (default): a parallel precompute over all chunks and heads (``precond_parallel``),
+  then one program per (sequence, head) carries ``d`` through its 64-token chunks in steps of 16
+  tokens, each three short dependent steps instead of 16 dependent K-reductions; a chunk where a
+  clamp fires (or that starts with a coordinate pinned on a bound and pointing outward) is redone
+  token by token. The backward's adjoint runs the same way.
+* ``"tokens"``: one program per (sequence, head), token by token (``precond_tokens``).
 
-The default is measured (H200, 2026-11-30, bf16, median ms): the token loop runs S1 forward in
-0.94 ms and forward+backward in 3.59 ms; the parallel form 9.83 / 21.2 ms (S3: 14.5 / 55.4
-against 16.4 / 58.0), so the parallel form's serial chunk steps cost more than 64 token steps.
+The default is measured on the H200 by ``benchmarks/bench_precond.py`` (see benchmarks/RESULTS.md).
 
 K > 256 and float64 keys go to the reference kernels.
 """
@@ -31,7 +30,7 @@ from .precond_tokens import block_k, flag_slots
 
 MAX_K = 256
 FORMS = ("parallel", "tokens")
-DEFAULT_FORM = "tokens"
+DEFAULT_FORM = "parallel"
 
 
 def _pick(form, k) -> bool:

@@ -9,7 +9,7 @@ import triton.language as tl
 import triton
 
 from .precond_parallel import advance, num_warps, precompute
-from .precond_tokens import CHUNK, block_k, load_d0, scan_tokens, sequence_bounds, sequences
+from .precond_tokens import CHUNK, GROUP, block_k, load_d0, scan_tokens, sequence_bounds, sequences
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
@@ -17,28 +17,28 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
                         T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                         STORE_KT: tl.constexpr, STATS: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr,
-                        BK: tl.constexpr):
+                        G: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H). Per chunk j of sequence n (row ``slot = bos // C + n + j``): ``STATS`` writes 1 (token
-    loop) / 0 to ``flag[slot, h]``; ``STORE_CKPT`` writes ``d`` at the chunk start to ``ckpt[slot, h, :BK]``."""
+    loop) / 0 to ``flag[slot, h]``; ``STORE_CKPT`` writes ``d`` at the start of the chunk's group i to
+    ``ckpt[4 * slot + i, h, :BK]``."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
     offs = tl.arange(0, BK)
     slot = bos // C + n
+    ckpt = ckpt_ptr + (slot * (C // G) * H + h) * BK
     if PARALLEL:
         for t0 in range(bos, eos, C):
             row = slot + (t0 - bos) // C
-            if STORE_CKPT:
-                tl.store(ckpt_ptr + (row * H + h) * BK + offs, d)
-            d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, kt_ptr, t0,
-                                   tl.minimum(t0 + C, eos), h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE,
-                                   STORE_KT, False, C, BK)
+            d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, kt_ptr,
+                                   ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
+                                   d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, BK)
             if STATS:
                 tl.store(flag_ptr + row * H + h, fell_back)
     else:
-        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt_ptr + (slot * H + h) * BK, bos, eos, h, H,
-                        K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, BK)
+        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt, bos, eos, h, H, K, eta, d_min, d_max, eps,
+                        HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, G, BK)
     tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
@@ -46,7 +46,7 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
                  store_kt=True, flags=None, ckpt=None, scratch=None):
     """Launch the forward kernel: ``(k_tilde or None, d_final)``.
 
-    ``flags [flag_slots, H]`` int32 and ``ckpt [flag_slots, H, BK]`` fp32 are filled if given;
+    ``flags [flag_slots, H]`` int32 and ``ckpt [4 * flag_slots, H, BK]`` fp32 are filled if given;
     ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when None and ``parallel``).
     """
     B, T, H, K = k.shape
@@ -66,5 +66,5 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
             T, H, K, float(eta), float(d_min), float(d_max), float(eps),
             HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
             BETA_AWARE=bool(beta_aware), PARALLEL=bool(parallel), STORE_KT=store_kt, STATS=flags is not None,
-            STORE_CKPT=ckpt is not None, C=CHUNK, BK=BK, num_warps=num_warps(BK, parallel))
+            STORE_CKPT=ckpt is not None, C=CHUNK, G=GROUP, BK=BK, num_warps=num_warps(BK, parallel))
     return kt, dfin

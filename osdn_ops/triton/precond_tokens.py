@@ -12,7 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-CHUNK = 64          # tokens per chunk (checkpoints, the chunk-parallel form)
+CHUNK = 64          # tokens per chunk (fallback flags, the chunk-parallel form)
+GROUP = 16          # tokens per checkpoint and per serial step of the chunk-parallel form
 
 
 @triton.jit
@@ -55,11 +56,11 @@ def load_ahead(k_ptr, beta_ptr, r_ptr, t, t1, h, H, K, offs, HAS_R: tl.constexpr
 @triton.jit
 def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
                 HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
-                STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+                STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, CK: tl.constexpr, BK: tl.constexpr):
     """Tokens ``[t0, t1)`` one by one from ``d`` ([BK] fp32); returns ``d_{t1}``.
 
     ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to ``traj_ptr + (t-t0)*BK``;
-    ``STORE_CKPT``: writes ``d`` at every C-th token to ``ckpt_ptr + ((t-t0)//C) * H*BK``.
+    ``STORE_CKPT``: writes ``d`` at every CK-th token to ``ckpt_ptr + ((t-t0)//CK) * H*BK``.
     The serial chain is one K-reduction per token, far shorter than a memory load, so the inputs
     are loaded eight tokens ahead (a rotation of eight register sets).
     """
@@ -79,8 +80,8 @@ def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h
         if STORE_TRAJ:
             tl.store(traj_ptr + (t - t0) * BK + offs, d)
         if STORE_CKPT:
-            if (t - t0) % C == 0:
-                tl.store(ckpt_ptr + ((t - t0) // C) * H * BK + offs, d)
+            if (t - t0) % CK == 0:
+                tl.store(ckpt_ptr + ((t - t0) // CK) * H * BK + offs, d)
         s, n2, nb, c, bb = token_coefs(k1, b1, eta, eps, BETA_AWARE)
         a = bb * tl.sum(d * s, 0)
         d = tl.minimum(tl.maximum(r1 * d + c * (1.0 - a) * s, d_min), d_max)
@@ -122,6 +123,7 @@ def sequences(k, cu_seqlens) -> int:
 
 
 def flag_slots(k, cu_seqlens) -> int:
-    """Rows of the per-chunk scratch (checkpoints, fallback flags): ``bos // C + n + j`` is unique."""
+    """Rows of the per-chunk scratch (fallback flags; checkpoints have GROUP-token rows, four per chunk
+    row): ``bos // C + n + j`` is unique for chunk j of sequence n."""
     B, T = k.shape[:2]
     return triton.cdiv(B * T, CHUNK) + sequences(k, cu_seqlens) + 1
