@@ -25,19 +25,18 @@ import torch
 from .. import reference
 from .precond_bwd import backward
 from .precond_fwd import forward_pass
-from .precond_parallel import MAX_PARALLEL_BK
-from .precond_tokens import block_k, flag_slots
+from .precond_tokens import flag_slots
 
 MAX_K = 256
 FORMS = ("parallel", "tokens")
 DEFAULT_FORM = "parallel"
 
 
-def _pick(form, k) -> bool:
+def _pick(form) -> bool:
     """True for the chunk-parallel form."""
     form = DEFAULT_FORM if form is None else form
     assert form in FORMS, form
-    return form == "parallel" and block_k(k.shape[-1]) <= MAX_PARALLEL_BK
+    return form == "parallel"
 
 
 def _use_reference(k) -> bool:
@@ -48,16 +47,16 @@ def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps,
     """Forward kernel: ``(k_tilde, d_final)``; ``form`` is "tokens" (default) or "parallel"."""
     if _use_reference(k):
         return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
-    return forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form, k))
+    return forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form))
 
 
 def precond_fallback_share(k, beta, d0=None, retention=None, cu_seqlens=None, *, eta, d_min, d_max, eps,
                            beta_aware) -> float:
     """Share of (chunk, head) pairs that the parallel form ran token by token (benchmarks; syncs the host).
 
-    1.0 where the parallel form does not apply (reference sizes, padded K > 128).
+    1.0 where the parallel form does not apply (reference sizes: float64 keys, K > 256).
     """
-    if _use_reference(k) or not _pick("parallel", k):
+    if _use_reference(k):
         return 1.0
     flags = torch.full((flag_slots(k, cu_seqlens), k.shape[2]), -1, dtype=torch.int32, device=k.device)
     forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, True, store_kt=False,
@@ -73,4 +72,4 @@ def precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta
         return reference.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
                                           d_max, eps, beta_aware)
     return backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
-                    _pick(form, k))
+                    _pick(form))

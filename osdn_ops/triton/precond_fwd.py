@@ -33,7 +33,7 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
             row = slot + (t0 - bos) // C
             d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, kt_ptr,
                                    ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
-                                   d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, BK)
+                                   d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, G, BK)
             if STATS:
                 tl.store(flag_ptr + row * H + h, fell_back)
     else:

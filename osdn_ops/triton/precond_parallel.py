@@ -47,8 +47,6 @@ from torch import Tensor
 
 from .asym_chunks import chunk_layout, chunk_span
 from .precond_tokens import GROUP, scan_tokens, token_coefs
-#: the parallel form covers padded key widths up to this (wider: token loop)
-MAX_PARALLEL_BK = 256
 
 
 @triton.jit
@@ -181,14 +179,14 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
 @triton.jit
 def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
             d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
-            STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, BK: tl.constexpr):
+            STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+            BK: tl.constexpr):
     """``d`` over tokens ``[t0, t1)`` (at most C): the parallel form, or the token loop where its
     check fails. ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to
     ``traj_ptr + (t - t0) * BK``; ``STORE_CKPT``: ``d`` at each group start to ``ckpt_ptr + i * H*BK``
-    (group i of the chunk). Returns ``(d_{t1}, fell_back)`` (1: the token loop ran).
+    (group i of the chunk, G tokens each). Returns ``(d_{t1}, fell_back)`` (1: the token loop ran).
 
     The parallel form writes its outputs before the check; the token loop overwrites them."""
-    G: tl.constexpr = 16
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
     d_start = d
