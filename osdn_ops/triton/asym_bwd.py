@@ -26,8 +26,10 @@ gradient of the state at its end)::
 Forward intermediates (G, T, W, U, the chunk-start states S and Vn) are recomputed with the
 forward's stage functions: the op's forward keeps only o and the final state.
 Kernels: ``_dv_local`` (P^T dO, parallel), ``_dh`` (the reverse recurrence, one program per
-sequence, head and V block), ``_dqkv`` (step 2, parallel), and for the channel gate
-``_channel_intra`` (the per-channel E terms, which are no matrix products). No atomics: every
+sequence, head and V block), ``_dqkv`` (step 2, parallel). The channel gate's E terms are matrix
+products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk (``E = e^{G_t - G_0} e^{G_0 - G_j}``, both
+factors in fp32 range, as in the forward); a second launch of ``_dqkv`` sums them channel by channel
+for the chunks of stronger decay (exact, slower, no extra buffers). No atomics: every
 reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and fp32
 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -41,13 +43,15 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import GATE_CODE, block, chunk_layout, chunk_span
+from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 from .varlen import chunk_table
 
 
 #: launch of the reverse recurrence ``_dh`` (V block: 0 picks 32 or 16 by the grid size)
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
+#: warps of ``_dqkv``
+DQKV_WARPS = 8
 
 
 @triton.jit
@@ -60,26 +64,48 @@ def _mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
+def _channel_factors(G, rows, rm, hh, H, K, BK: tl.constexpr):
+    """Channel gate: ``(near, eA, eB)`` with ``eA = e^{G - G_0}``, ``eB = e^{G_0 - G}`` ([64, BK] fp32,
+    G_0 the chunk's first row, zero on rows past its end) and ``near``: every ``|G - G_0| <= REF_SPAN``,
+    so that ``E[t,j,c] = eA[t,c] eB[j,c]`` turns the per-channel decayed sums into matrix products with
+    both factors in fp32 range (the forward's test, :func:`near_gate`)."""
+    ak = tl.arange(0, BK)
+    m = rm[:, None] & (ak < K)[None, :]
+    gm = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
+    g0 = tl.load(G + (tl.min(rows, 0) * H + hh) * K + ak, mask=ak < K, other=0.).to(tl.float32)
+    d = gm - g0[None, :]
+    near = tl.max(tl.max(tl.abs(tl.where(m, d, 0.)), 1), 0) <= REF_SPAN
+    return near, tl.exp(tl.where(m, d, float("-inf"))), tl.exp(tl.where(m, -d, float("-inf")))
+
+
+@triton.jit
 def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
                   GATE: tl.constexpr, PREC: tl.constexpr):
     """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0.
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
-    would make the difference positive)."""
+    would make the difference positive). Channel gate: one product of ``a eA`` and ``b eB`` when
+    the chunk is near (:func:`_channel_factors`), else channel by channel."""
     i = tl.arange(0, 64)
     low = (i[:, None] >= i[None, :]) & rm[:, None]
+    ak = tl.arange(0, BK)
+    m = rm[:, None] & (ak < K)[None, :]
+    off = (rows[:, None] * H + hh) * K + ak[None, :]
     if GATE == 2:
-        s = tl.zeros([64, 64], tl.float32)
-        for ch in range(K):
-            off = (rows * H + hh) * K + ch
-            ac = tl.load(a + off, mask=rm, other=0.).to(tl.float32)
-            bc = tl.load(b + off, mask=rm, other=0.).to(tl.float32)
-            gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
-            s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+        near, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
+        if near:
+            am = tl.load(a + off, mask=m, other=0.).to(tl.float32) * eA
+            bm = tl.load(b + off, mask=m, other=0.).to(tl.float32) * eB
+            s = tl.where(low, tl.dot(am, tl.trans(bm), input_precision=PREC), 0.)
+        else:
+            s = tl.zeros([64, 64], tl.float32)
+            for ch in range(K):
+                offc = (rows * H + hh) * K + ch
+                ac = tl.load(a + offc, mask=rm, other=0.).to(tl.float32)
+                bc = tl.load(b + offc, mask=rm, other=0.).to(tl.float32)
+                gc = tl.load(G + offc, mask=rm, other=0.).to(tl.float32)
+                s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
     else:
-        ak = tl.arange(0, BK)
-        m = rm[:, None] & (ak < K)[None, :]
-        off = (rows[:, None] * H + hh) * K + ak[None, :]
         am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
         bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
         s = tl.dot(am, tl.trans(bm), input_precision=PREC)
@@ -115,7 +141,7 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
         m = rm[:, None] & (ov < V)[None, :]
         off = (rows[:, None] * H + hh) * V + ov[None, :]
         dO = tl.load(do + off, mask=m, other=0.).to(tl.float32)
-        tl.store(dvl + off, tl.dot(tl.trans(P), dO, input_precision=PREC), mask=m)
+        tl.store(dvl + off, tl.dot(tl.trans(P), dO, input_precision=PREC).to(dvl.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -152,7 +178,8 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
         L = tl.minimum(eos - start, 64)
         rm = i < L
         rows = start + i
-        tl.store(dh + ((f0 + ic) * H + hh) * K * V + ak[:, None] * V + ov[None, :], dS, mask=sm)
+        tl.store(dh + ((f0 + ic) * H + hh) * K * V + ak[:, None] * V + ov[None, :], dS.to(dh.dtype.element_ty),
+                 mask=sm)
         mk = rm[:, None] & km[None, :]
         offk = (rows[:, None] * H + hh) * K + ak[None, :]
         ktm = tl.load(kt + offk, mask=mk, other=0.)
@@ -175,34 +202,137 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
         mv = rm[:, None] & vm[None, :]
         offv = (rows[:, None] * H + hh) * V + ov[None, :]
         dO = tl.load(do + offv, mask=mv, other=0.)
-        dV = tl.load(dvl + offv, mask=mv, other=0.) + _mm(ktm, dS, PREC, HALF)
-        tl.store(dvn + offv, dV, mask=mv)
+        dV = tl.load(dvl + offv, mask=mv, other=0.).to(tl.float32) + _mm(ktm, dS, PREC, HALF)
+        tl.store(dvn + offv, dV.to(dvn.dtype.element_ty), mask=mv)
         dS = decay * dS + scale * _mm(tl.trans(qm), dO, PREC, HALF) - _mm(tl.trans(wm), dV, PREC, HALF)
     tl.store(dh0 + sbase + soff, dS, mask=sm)
 
 
 @triton.jit
-def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dP_buf, dA_buf, last_buf,
-          table, cu, scale, H, K, V, BK: tl.constexpr,
-          BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-          HALF: tl.constexpr):
-    """Step 2 per chunk. GATE 0/1: final dq, dk, dkt, dv, dbeta (, dg). GATE 2: dv final; fp32 partial
-    dq, dk, dkt, dbeta without the E terms, plus dP, dA ([T,H,64]) and the last-row dG ([chunks,H,K])."""
+def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE: tl.constexpr):
+    """Gate factors of step 2 in a shape that broadcasts against ``[64, BK]`` tiles: ``(eg = e^G,
+    ed = e^{G_L - G}, el = e^{G_L})``; 1 without a gate."""
+    if GATE == 1:
+        gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+        gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32)
+        return tl.exp(gv)[:, None], tl.exp(gl - gv)[:, None], tl.exp(gl)
+    elif GATE == 2:
+        ak = tl.arange(0, BK)
+        gm = tl.load(G + offk, mask=mk, other=0.).to(tl.float32)
+        gl = tl.load(G + ((start + L - 1) * H + hh) * K + ak, mask=ak < K, other=0.).to(tl.float32)
+        return tl.exp(gm), tl.exp(gl[None, :] - gm), tl.exp(gl)
+    else:
+        return 1., 1., 1.
+
+
+@triton.jit
+def _scalar_decay(G, rows, rm, hh, H, STRICT: tl.constexpr):
+    """Scalar gate: ``[64, 64]`` ``e^{G_t - G_j}`` on valid ``t > j`` (STRICT) or ``t >= j``, else 0."""
+    i = tl.arange(0, 64)
+    gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    if STRICT:
+        low = i[:, None] > i[None, :]
+    else:
+        low = i[:, None] >= i[None, :]
+    return tl.exp(tl.where(low & rm[:, None] & rm[None, :], gv[:, None] - gv[None, :], float("-inf")))
+
+
+@triton.jit
+def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
+    """Channel gate, a chunk that is not near: ``(R, C)`` [64, BK] fp32 with
+    ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]``,
+    ``E[t,j,c] = exp(G_tc - G_jc)`` on valid ``t >= j``, channel by channel (exact for any decay)."""
+    i = tl.arange(0, 64)
+    ak = tl.arange(0, BK)
+    low = (i[:, None] >= i[None, :]) & rm[:, None] & rm[None, :]
+    R = tl.zeros([64, BK], tl.float32)
+    Cm = tl.zeros([64, BK], tl.float32)
+    for ch in range(K):
+        off = (rows * H + hh) * K + ch
+        ac = tl.load(a + off, mask=rm, other=0.).to(tl.float32)
+        bc = tl.load(b + off, mask=rm, other=0.).to(tl.float32)
+        gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
+        E = tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+        sel = ak[None, :] == ch
+        R = tl.where(sel, tl.sum(Xr * E * bc[None, :], 1)[:, None], R)
+        Cm = tl.where(sel, tl.sum(Xc * E * ac[:, None], 0)[:, None], Cm)
+    return R, Cm
+
+
+@triton.jit
+def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg,
+          table, cu, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
+          HALF: tl.constexpr, FAR: tl.constexpr):
+    """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg), in two passes over V that keep few
+    ``[64, K]`` tiles alive: (1) the state and score terms (dq final, dkt's first part), (2) the WY
+    terms (dv, dk, the rest of dkt, dbeta, dg). Channel gate: launched twice; ``FAR = False`` takes
+    the near chunks (:func:`_channel_factors`: the decayed score terms are products of scaled tiles),
+    ``FAR = True`` the others (channel by channel, :func:`_channel_far`), so the common near case
+    compiles without the per-channel loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu)
     if L <= 0:
         return
+    if GATE == 2:
+        near, _, _ = _channel_factors(G, rows, rm, hh, H, K, BK)
+        if near == FAR:
+            return
     ak = tl.arange(0, BK)
     km = ak < K
     sbase = (c.to(tl.int64) * H + hh) * K * V
     offa = (rows[:, None] * H + hh) * 64 + i[None, :]
-    Ti = tl.load(Ainv + offa, mask=rm[:, None] & rm[None, :], other=0.).to(tl.float32)
-    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    valid = rm[:, None] & rm[None, :]
+    mk = rm[:, None] & km[None, :]
+    offk = (rows[:, None] * H + hh) * K + ak[None, :]
+    # pass 1: dO S^T, Vn dSn^T, dP = dO Vn^T
     dq_i = tl.zeros([64, BK], tl.float32)
-    dw_i = tl.zeros([64, BK], tl.float32)
     dkt_s = tl.zeros([64, BK], tl.float32)
     lastv = tl.zeros([BK], tl.float32)
     dPm = tl.zeros([64, 64], tl.float32)
+    for v0 in range(0, V, BV):
+        ov = v0 + tl.arange(0, BV)
+        vm = ov < V
+        mv = rm[:, None] & vm[None, :]
+        offv = (rows[:, None] * H + hh) * V + ov[None, :]
+        dO = tl.load(do + offv, mask=mv, other=0.)
+        Vn = tl.load(vn + offv, mask=mv, other=0.)
+        offs = sbase + ak[:, None] * V + ov[None, :]
+        sm = km[:, None] & vm[None, :]
+        hs = tl.load(h + offs, mask=sm, other=0.)
+        dSn = tl.load(dh + offs, mask=sm, other=0.)
+        dq_i += _mm(dO, tl.trans(hs), PREC, HALF)
+        dkt_s += _mm(Vn, tl.trans(dSn), PREC, HALF)
+        lastv += tl.sum(hs.to(tl.float32) * dSn.to(tl.float32), 1)
+        dPm += _mm(dO, tl.trans(Vn), PREC, HALF)
+    qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
+    ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
+    eg, ed, el = _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK, GATE)
+    dqm = scale * dq_i * eg
+    dktm = dkt_s * ed
+    lastc = el * lastv + tl.sum(ktm * dktm, 0)
+    dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
+    if GATE == 2:
+        if FAR:
+            R, Cm = _channel_far(dPm, dPm, q, kt, G, rows, rm, hh, H, K, BK)
+            dqm += R
+            dktm += Cm
+        else:
+            _, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
+            dqm += eA * _mm(dPm, ktm * eB, PREC, HALF)
+            dktm += eB * _mm(tl.trans(dPm), qm * eA, PREC, HALF)
+    else:
+        if GATE == 1:
+            dPm = dPm * _scalar_decay(G, rows, rm, hh, H, False)
+        dqm += _mm(dPm, ktm, PREC, HALF)
+        dktm += _mm(tl.trans(dPm), qm, PREC, HALF)
+    tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
+    dG = qm * dqm - ktm * dktm                       # dG = q dq + k dk - kt dkt, first part
+    if GATE == 1:
+        dG = tl.sum(dG, 1)                           # the scalar gate's dG is per token
+    # pass 2: the WY representation, dW = -dVn S^T, dU = dVn
+    Ti = tl.load(Ainv + offa, mask=valid, other=0.).to(tl.float32)
+    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    dw_i = tl.zeros([64, BK], tl.float32)
     dTu = tl.zeros([64, 64], tl.float32)
     db = tl.zeros([64], tl.float32)
     for v0 in range(0, V, BV):
@@ -210,42 +340,16 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         vm = ov < V
         mv = rm[:, None] & vm[None, :]
         offv = (rows[:, None] * H + hh) * V + ov[None, :]
-        dO = tl.load(do + offv, mask=mv, other=0.).to(tl.float32)
-        Vn = tl.load(vn + offv, mask=mv, other=0.).to(tl.float32)
         dV = tl.load(dvn + offv, mask=mv, other=0.)
         vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
-        offs = sbase + ak[:, None] * V + ov[None, :]
-        sm = km[:, None] & vm[None, :]
-        hs = tl.load(h + offs, mask=sm, other=0.)
-        dSn = tl.load(dh + offs, mask=sm, other=0.)
-        dq_i += _mm(dO, tl.trans(hs), PREC, HALF)
+        hs = tl.load(h + sbase + ak[:, None] * V + ov[None, :], mask=km[:, None] & vm[None, :], other=0.)
         dw_i += _mm(dV, tl.trans(hs), PREC, HALF)
-        dkt_s += _mm(Vn, tl.trans(dSn), PREC, HALF)
-        lastv += tl.sum(hs * dSn, 1)
-        dPm += _mm(dO, tl.trans(Vn), PREC, HALF)
         dTu += _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF)
         dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
         tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
         db += tl.sum(vv * dBV, 1)
-    mk = rm[:, None] & km[None, :]
-    offk = (rows[:, None] * H + hh) * K + ak[None, :]
-    qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
     km_ = tl.load(k + offk, mask=mk, other=0.).to(tl.float32)
-    ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
-    if GATE == 1:
-        gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
-        gm = gv[:, None] + tl.zeros([64, BK], tl.float32)
-        gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32) + tl.zeros([BK], tl.float32)
-    elif GATE == 2:
-        gm = tl.load(G + offk, mask=mk, other=0.).to(tl.float32)
-        gl = tl.load(G + ((start + L - 1) * H + hh) * K + ak, mask=km, other=0.).to(tl.float32)
-    else:
-        gm = tl.zeros([64, BK], tl.float32)
-        gl = tl.zeros([BK], tl.float32)
-    eg = tl.exp(gm)
-    dqm = scale * dq_i * eg
-    dktm = dkt_s * tl.exp(gl[None, :] - gm)
-    lastc = tl.exp(gl) * lastv + tl.sum(ktm * dktm, 0)
+    eg, ed, el = _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK, GATE)
     dW = -dw_i
     kg = km_ * eg
     dBK = _mm(tl.trans(Ti), dW, PREC, HALF)
@@ -253,75 +357,30 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     db += tl.sum(kg * dBK, 1)
     dT = _mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
     dA = -_mm(_mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
-    valid = rm[:, None] & rm[None, :]
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
-    dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
     if GATE == 2:
-        tl.store(dP_buf + offa, dPm, mask=valid)
-        tl.store(dA_buf + offa, dA, mask=valid)
-        tl.store(last_buf + (c.to(tl.int64) * H + hh) * K + ak, lastc, mask=km)
-        tl.store(dq + offk, dqm, mask=mk)
-        tl.store(dk + offk, dkm, mask=mk)
-        tl.store(dkt + offk, dktm, mask=mk)
-        tl.store(dbeta + rows * H + hh, db, mask=rm)
+        if FAR:
+            dkr, dktB = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
+        else:
+            _, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
+            dkr = eA * _mm(dA, ktm * eB, PREC, HALF)
+            dktB = eB * _mm(tl.trans(dA * bt[:, None]), km_ * eA, PREC, HALF)
     else:
         if GATE == 1:
-            D = tl.exp(tl.where(valid & (i[:, None] >= i[None, :]), gv[:, None] - gv[None, :], float("-inf")))
-            dPm = dPm * D
-            dA = dA * D
-        dqm += _mm(dPm, ktm, PREC, HALF)
+            dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
         dkr = _mm(dA, ktm, PREC, HALF)
-        dkm += bt[:, None] * dkr
-        db += tl.sum(km_ * dkr, 1)
-        dktm += (_mm(tl.trans(dPm), qm, PREC, HALF)
-                 + _mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF))
-        if GATE == 1:
-            dGt = tl.sum(qm * dqm + km_ * dkm - ktm * dktm, 1)
-            dgt = tl.cumsum(dGt, 0, reverse=True) + tl.sum(lastc, 0)
-            tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
-        tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
-        tl.store(dk + offk, dkm.to(dk.dtype.element_ty), mask=mk)
-        tl.store(dkt + offk, dktm.to(dkt.dtype.element_ty), mask=mk)
-        tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
-
-
-@triton.jit
-def _channel_intra(q, k, kt, beta, G, dP_buf, dA_buf, last_buf, pdq, pdk, pdkt, pdbeta, dq, dk, dkt, dbeta, dg,
-                   table, cu, H, K):
-    """Channel gate: add the E terms channel by channel, then dg = reverse cumsum of dG + last-row term."""
-    c, hh = tl.program_id(0), tl.program_id(1)
-    start, L, i, rm, rows = _chunk_rows(c, table, cu)
-    if L <= 0:
-        return
-    valid = rm[:, None] & rm[None, :]
-    offa = (rows[:, None] * H + hh) * 64 + i[None, :]
-    dPm = tl.load(dP_buf + offa, mask=valid, other=0.)
-    dA = tl.load(dA_buf + offa, mask=valid, other=0.)
-    low = (i[:, None] >= i[None, :]) & rm[:, None]
-    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
-    db = tl.load(pdbeta + rows * H + hh, mask=rm, other=0.)
-    lbase = (c.to(tl.int64) * H + hh) * K
-    for ch in range(K):
-        off = (rows * H + hh) * K + ch
-        qc = tl.load(q + off, mask=rm, other=0.).to(tl.float32)
-        kc = tl.load(k + off, mask=rm, other=0.).to(tl.float32)
-        ktc = tl.load(kt + off, mask=rm, other=0.).to(tl.float32)
-        gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
-        E = tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
-        dPE = dPm * E
-        dAE = dA * E
-        dqc = tl.load(pdq + off, mask=rm, other=0.) + tl.sum(dPE * ktc[None, :], 1)
-        dkr = tl.sum(dAE * ktc[None, :], 1)
-        dkc = tl.load(pdk + off, mask=rm, other=0.) + bt * dkr
-        db += kc * dkr
-        dktc = (tl.load(pdkt + off, mask=rm, other=0.) + tl.sum(dPE * qc[:, None], 0)
-                + tl.sum(dAE * (bt * kc)[:, None], 0))
-        dG = qc * dqc + kc * dkc - ktc * dktc
-        dgc = tl.cumsum(dG, 0, reverse=True) + tl.load(last_buf + lbase + ch)
-        tl.store(dq + off, dqc.to(dq.dtype.element_ty), mask=rm)
-        tl.store(dk + off, dkc.to(dk.dtype.element_ty), mask=rm)
-        tl.store(dkt + off, dktc.to(dkt.dtype.element_ty), mask=rm)
-        tl.store(dg + off, dgc.to(dg.dtype.element_ty), mask=rm)
+        dktB = _mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
+    dkm += bt[:, None] * dkr
+    db += tl.sum(km_ * dkr, 1)
+    dktm += dktB
+    if GATE == 1:
+        dgt = tl.cumsum(dG + tl.sum(km_ * dkm - ktm * dktB, 1), 0, reverse=True) + tl.sum(lastc, 0)
+        tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
+    elif GATE == 2:
+        dgm = tl.cumsum(dG + km_ * dkm - ktm * dktB, 0, reverse=True) + lastc[None, :]
+        tl.store(dg + offk, dgm.to(dg.dtype.element_ty), mask=mk)
+    tl.store(dk + offk, dkm.to(dk.dtype.element_ty), mask=mk)
+    tl.store(dkt + offk, dktm.to(dkt.dtype.element_ty), mask=mk)
     tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
 
 
@@ -350,39 +409,34 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     lay = chunk_layout(cu_seqlens, B, T)  # one chunk grid for the three recompute stages
     G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
     Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
-    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay)
-    Gp = beta if G is None else G                 # never read when GATE == 0
-
     BK = block(K)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
-    # _dqkv rounds its product operands to bf16 for half inputs (its fp32 operands need up to 200 KB of
-    # shared memory); the CPU interpreter has no bf16 products, so there it keeps fp32 operands
+    # Half inputs: the products round their operands to bf16 (fp32 operand tiles need up to 200 KB of
+    # shared memory in _dqkv), so the buffers only ever read as product operands (the chunk states h,
+    # dVl = P^T dO, dVn, the chunk-end state gradients dh) are kept in the input dtype: half the bytes,
+    # the same products. The CPU interpreter has no bf16 products, so there everything stays fp32.
     HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
+    work = dict(dtype=q.dtype if HALF else torch.float32, device=dev)
+    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=work["dtype"])
+    Gp = beta if G is None else G                 # never read when GATE == 0
+
     f32 = dict(dtype=torch.float32, device=dev)
-    dvl = torch.empty(B, T, H, V, **f32)
+    dvl = torch.empty(B, T, H, V, **work)
     _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, block(V)), GATE, PREC,
                       num_warps=4)
-    dh = torch.empty(M, H, K, V, **f32)
-    dvn = torch.empty(B, T, H, V, **f32)
+    dh = torch.empty(M, H, K, V, **work)
+    dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
     BVh = DH_BV or (32 if N * H * triton.cdiv(V, 32) >= 256 else 16)
     _dh[(triton.cdiv(V, BVh), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
                                        BK, BVh, GATE, PREC, HALF, num_warps=DH_WARPS,
                                        num_stages=DH_STAGES if HALF else 1)
+    del dvl
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
     BV = 32 if BK > 128 else min(64, block(V))
-    if GATE == 2:
-        pq, pk, pkt = (torch.empty(B, T, H, K, **f32) for _ in range(3))
-        pb = torch.empty(B, T, H, **f32)
-        dPb, dAb = torch.empty(B, T, H, C, **f32), torch.empty(B, T, H, C, **f32)
-        last = torch.empty(M, H, K, **f32)
-        _dqkv[(M, H)](q, k, k_tilde, v, beta, G, Ainv, h, vn, dvn, dh, do, pq, pk, pkt, dv, pb, dg, dPb, dAb, last,
-                      table, cu, scale, H, K, V, BK, BV, GATE, PREC, HALF, num_warps=8, num_stages=1)
-        _channel_intra[(M, H)](q, k, k_tilde, beta, G, dPb, dAb, last, pq, pk, pkt, pb, dq, dk, dkt, dbeta, dg,
-                               table, cu, H, K, num_warps=4)
-    else:
-        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, dvl, dvl,
-                      dvl, table, cu, scale, H, K, V, BK, BV, GATE, PREC, HALF, num_warps=8, num_stages=1)
+    for far in (False, True) if GATE == 2 else (False,):
+        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu,
+                      scale, H, K, V, BK, BV, GATE, PREC, HALF, far, num_warps=DQKV_WARPS, num_stages=1)
     return dq, dk, dkt, dv, dg, dbeta, dh0
