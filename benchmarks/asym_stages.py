@@ -4,7 +4,8 @@
 
 Prints, per shape and gate, the median ms (``triton.testing.do_bench(warmup=25, rep=200)``,
 each timed twice) of the whole forward, of each forward stage (gate cumsum, WY, chunk states,
-output) and of the whole forward+backward. Inputs follow the benchmark protocol
+output) and of the whole forward+backward, then the forward+backward's time per kernel (from the
+profiler, averaged over 10 calls). Inputs follow the benchmark protocol
 (:func:`osdn_ops.bench.make_problem`); the comparison with fla is ``python -m osdn_ops.bench``.
 """
 import argparse
@@ -21,6 +22,21 @@ from osdn_ops.triton.asym_fwd import chunk_layout, chunk_output, chunk_states, g
 def bench(fn):
     fn()
     return [triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
+
+
+def kernel_times(fn, calls=10):
+    """``{kernel name: ms per call}`` of ``fn`` on the GPU, largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    acc = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            acc[ev.name] = acc.get(ev.name, 0.0) + ev.device_time / 1e3 / calls
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
 
 
 def stages(q, k, kt, v, g, beta, gate, scale):
@@ -62,6 +78,8 @@ def main():
                 torch.autograd.grad(o, leaves, do)
             row["fwd+bwd"] = bench(fwd_bwd)
             print(f"{name} {gate:8s} " + "  ".join(f"{k} {a:.3f}/{b:.3f}" for k, (a, b) in row.items()), flush=True)
+            print("   per kernel (fwd+bwd): " + "  ".join(f"{k[:28]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items()
+                                                     if t >= 0.005), flush=True)
 
 
 if __name__ == "__main__":
