@@ -4,11 +4,18 @@
 # Steps: versions; every GPU test (Triton kernels vs the float64 reference, opcheck on CUDA,
 # property tests on real shapes); precond_scan forms; the asym engine's stage breakdown; the
 # comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2.
+# fla tunes its kernels on first call (minutes per shape on a fresh machine). Triton keeps each tuning
+# result as a *.autotune.json in its cache; they are archived to OUT_DIR/autotune.tgz after every
+# benchmark step, and AUTOTUNE_IN=path/to/autotune.tgz restores them (same GPU, torch, triton, fla).
 set -u
 out=${1:?usage: gpu_run.sh OUT_DIR [test seconds]}
 tests_s=${2:-200}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/osdn-triton-cache}
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -n "${AUTOTUNE_IN:-}" ] && [ -f "$AUTOTUNE_IN" ]; then tar xzf "$AUTOTUNE_IN" -C "$TRITON_CACHE_DIR"; fi
+save_tuning() { (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar czf "$out/autotune.tgz" -T -); }
 {
   date -u +%Y-%m-%dT%H:%MZ
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -31,6 +38,6 @@ if [ -f benchmarks/bench_precond.py ]; then
 fi
 timeout 45 python3 benchmarks/asym_stages.py --shapes S1 > "$out/stages.log" 2>&1; cat "$out/stages.log"
 timeout 150 python3 -m osdn_ops.bench --shapes S1,S1-clamp --markdown "$out/bench_S1.md" > "$out/bench.log" 2>&1
-cat "$out/bench_S1.md"
+save_tuning; cat "$out/bench_S1.md"
 timeout 120 python3 -m osdn_ops.bench --shapes S2 --markdown "$out/bench_S2.md" >> "$out/bench.log" 2>&1
-cat "$out/bench_S2.md"
+save_tuning; cat "$out/bench_S2.md"
