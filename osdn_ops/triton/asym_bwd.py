@@ -45,7 +45,6 @@ from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
 from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
-from .varlen import chunk_table
 
 
 #: launch of the reverse recurrence ``_dh`` (V block: 0 picks 32 or 16 by the grid size)
@@ -399,14 +398,13 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k_tilde), torch.zeros_like(v), dg,
                 torch.zeros_like(beta), dht.float().clone().contiguous())
     GATE = GATE_CODE[gate]
+    # the backward kernels see every input as packed sequences (B rows of T tokens: B sequences) with
+    # int64 offsets; the recompute stages run on the forward's own grid
     cu = (torch.arange(B + 1, device=dev, dtype=torch.int64) * T if cu_seqlens is None
           else cu_seqlens.to(torch.int64))
-    table = chunk_table(cu, B * T, C)
-    M = table.shape[0]
-    counts = (cu[1:] - cu[:-1] + C - 1) // C
-    first = (torch.cumsum(counts, 0) - counts).contiguous()
-
-    lay = chunk_layout(cu_seqlens, B, T)  # one chunk grid for the three recompute stages
+    packed = chunk_layout(cu, 1, B * T)
+    table, first, M = packed.table, packed.first, packed.n_chunks
+    lay = chunk_layout(cu_seqlens, B, T)
     G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
     Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
     BK = block(K)
