@@ -61,8 +61,13 @@ def chunk_layout(cu_seqlens: Optional[Tensor], B: int, T: int) -> ChunkLayout:
 
 
 def block(d: int) -> int:
-    """Padded tile width of a feature dimension: a power of two, at least 16."""
-    return max(16, triton.next_power_of_2(d))
+    """Padded tile width of a feature dimension: a power of two, at least 64.
+
+    Not 16 or 32: on the H200 with Triton 3.6, the WY kernel's half-precision product
+    ``Ainv @ (beta V)`` with a 16- or 32-column ``V`` tile read shared memory out of bounds
+    (compute-sanitizer memcheck; an illegal memory access without it). 64-wide tiles are the
+    shape every benchmark runs; the extra columns are masked."""
+    return max(64, triton.next_power_of_2(d))
 
 
 def operand_type(dtype: torch.dtype):
