@@ -47,7 +47,7 @@ from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 
 
-#: launch of the reverse recurrence ``_dh`` (V block: 0 picks 32 or 16 by the grid size)
+#: launch of the reverse recurrence ``_dh``: warps, stages, V block
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
 #: warps of ``_dqkv``
 DQKV_WARPS = 8
@@ -425,10 +425,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
-    BVh = DH_BV or (32 if N * H * triton.cdiv(V, 32) >= 256 else 16)
-    _dh[(triton.cdiv(V, BVh), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
-                                       BK, BVh, GATE, PREC, HALF, num_warps=DH_WARPS,
-                                       num_stages=DH_STAGES if HALF else 1)
+    # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200)
+    stages = DH_STAGES if HALF and BK <= 128 else 1
+    _dh[(triton.cdiv(V, DH_BV), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
+                                        BK, DH_BV, GATE, PREC, HALF, num_warps=DH_WARPS, num_stages=stages)
     del dvl
 
     dv = torch.empty_like(v)
