@@ -14,7 +14,7 @@ import torch
 import triton
 
 import osdn_ops
-from osdn_ops.bench import GPU_SHAPES, make_problem
+from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
 from osdn_ops.triton.asym import chunk_asym_fwd
 from osdn_ops.triton.asym_fwd import chunk_layout, chunk_output, chunk_states, gate_cumsum, wy_repr
 
@@ -22,21 +22,6 @@ from osdn_ops.triton.asym_fwd import chunk_layout, chunk_output, chunk_states, g
 def bench(fn):
     fn()
     return [triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") for _ in range(2)]
-
-
-def kernel_times(fn, calls=10):
-    """``{kernel name: ms per call}`` of ``fn`` on the GPU, largest first."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    acc = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            acc[ev.name] = acc.get(ev.name, 0.0) + ev.device_time / 1e3 / calls
-    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
 
 
 def stages(q, k, kt, v, g, beta, gate, scale):

@@ -4,7 +4,8 @@ Usage: ``PYTHONPATH=. python benchmarks/bench_precond.py OUT.md`` (CUDA). Shapes
 S1-clamp of BENCH.md (bf16 keys, default hyperparameters; S1-clamp: vocabulary keys, eta 0.5).
 Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly;
 the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
-Prints the markdown table and writes it to OUT.md.
+Prints the markdown table and writes it to OUT.md, followed by S1's time per kernel of the parallel form
+and the precompute at each warp count.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import sys
 import torch
 import triton
 
-from osdn_ops.bench import GPU_SHAPES, make_problem
+from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
 from osdn_ops.triton import precond as tp
+from osdn_ops.triton import precond_parallel as pp
 
 SHAPES = ("S1", "S2", "S3", "S1-clamp")
 FORMS = ("tokens", "parallel")
@@ -47,6 +49,33 @@ def measure(name: str) -> list[str]:
             f"{share:.3f}"]
 
 
+def parts(name: str = "S1") -> list[str]:
+    """Where the parallel form's time goes on one shape: each kernel's ms per forward+backward (profiler),
+    then the precompute alone (forward terms / with the adjoint terms) at each warp count."""
+    p = make_problem(name, GPU_SHAPES[name], "cuda")
+    args = _args(p)
+    kt, df = tp.precond_scan_fwd(*args, form="parallel")
+    gk, gd = torch.randn_like(kt), torch.randn_like(df)
+
+    def fwd_bwd():
+        tp.precond_scan_fwd(*args, form="parallel")
+        tp.precond_scan_bwd(gk, gd, *args, form="parallel")
+    per_kernel = "  ".join(f"{k[:32]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items())
+    lines = [f"{name} parallel form, ms per forward+backward: {per_kernel}"]
+    hp = p.hp
+    keep = dict(pp.PRECOMPUTE_WARPS)
+    for adjoint, choices in ((False, (2, 4, 8, 16)), (True, (4, 8, 16))):
+        times = []
+        for w in choices:
+            pp.PRECOMPUTE_WARPS[adjoint] = w
+            times.append(_ms(lambda: pp.precompute(p.k, p.beta, None, None, hp["eta"], hp["eps"], hp["beta_aware"],
+                                                   gk if adjoint else None)))
+        pp.PRECOMPUTE_WARPS.update(keep)
+        lines.append(f"{name} precompute{' with adjoint' if adjoint else ''}, ms at " +
+                     ", ".join(f"{w} warps {t:.3f}" for w, t in zip(choices, times)) + f" (shipped: {keep[adjoint]})")
+    return lines
+
+
 def main(argv=None) -> str:
     argv = sys.argv[1:] if argv is None else argv
     head = ["shape", "tokens fwd", "parallel fwd", "speedup", "tokens fwd+bwd", "parallel fwd+bwd", "speedup",
@@ -56,6 +85,9 @@ def main(argv=None) -> str:
         lines.append("| " + " | ".join(measure(name)) + " |")
         print(lines[-1], flush=True)
     text = "precond_scan, median ms (" + torch.cuda.get_device_name() + ")\n\n" + "\n".join(lines) + "\n"
+    extra = parts()
+    print("\n".join(extra), flush=True)
+    text += "\n" + "\n\n".join(extra) + "\n"
     print(text)
     if argv:
         with open(argv[0], "w") as f:

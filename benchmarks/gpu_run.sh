@@ -46,7 +46,7 @@ if [ "$mode" != bench ]; then
 fi
 [ "$mode" = tests ] && exit 0
 if [ -f benchmarks/bench_precond.py ]; then
-  timeout 75 python3 benchmarks/bench_precond.py "$out/precond.md" > "$out/precond.log" 2>&1; tail -15 "$out/precond.log"
+  timeout 120 python3 benchmarks/bench_precond.py "$out/precond.md" > "$out/precond.log" 2>&1; tail -15 "$out/precond.log"
 fi
 timeout 45 python3 benchmarks/asym_stages.py --shapes S1 > "$out/stages.log" 2>&1; cat "$out/stages.log"
 timeout 150 python3 -m osdn_ops.bench --shapes S1,S1-clamp --markdown "$out/bench_S1.md" > "$out/bench.log" 2>&1

@@ -187,6 +187,21 @@ def _time(fn: Callable[[], object], device) -> float:
     return statistics.median(runs)
 
 
+def kernel_times(fn, calls=10):
+    """``{kernel name: ms per call}`` of ``fn`` on the GPU, largest first."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    acc = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            acc[ev.name] = acc.get(ev.name, 0.0) + ev.device_time / 1e3 / calls
+    return dict(sorted(acc.items(), key=lambda kv: -kv[1]))
+
+
 def _fwd_bwd(run, x, seeds=None):
     leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
     outs = run(leaves)

@@ -88,6 +88,12 @@ def unit_lower_inverse(L, G: tl.constexpr):
     return tl.dot(Tm, eye + L8, input_precision="ieee")
 
 
+#: warps of the precompute without / with the adjoint terms. Registers per thread (ptxas, K = 128): 182 / 117 / 80
+#: at 4 / 8 / 16 warps without, 32 + 4.4 KB spilled / 255 / 128 + 0.4 KB spilled with; benchmarks/bench_precond.py
+#: times the choices.
+PRECOMPUTE_WARPS = {False: 4, True: 8}
+
+
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
 def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, T, NT, H, K,
                        eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
@@ -139,7 +145,7 @@ def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens:
             cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, h0,
             T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
             BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=64, G=GROUP, BK=max(16, triton.next_power_of_2(K)),
-            num_warps=8 if adjoint else 4)
+            num_warps=PRECOMPUTE_WARPS[adjoint])
     return (M, w0, Mb, h0) if adjoint else (M, w0)
 
 
