@@ -1,6 +1,6 @@
 """Compile every Triton kernel variant the ops launch for sm_90 (H100/H200), without a GPU.
 
-    PYTHONPATH=. python benchmarks/compile_sm90.py [KERNEL ...]     # e.g. _dqkv _dv_local
+    PYTHONPATH=. python benchmarks/compile_sm90.py [--largest] [KERNEL ...]     # e.g. _dqkv _dv_local
 
 A child process runs the ops under the Triton interpreter with kernel execution switched off
 and records each launch (kernel, argument types, constexprs, warps, stages) as the GPU path
@@ -9,7 +9,8 @@ distinct one with Triton's own toolchain for ``GPUTarget("cuda", 90, 32)`` and p
 shared memory, registers per thread and spilled bytes (``ptxas -v``).
 A variant that does not compile (or needs more than the 227 KiB of shared memory a Hopper
 block gets) is listed and makes the exit status 1. Catches what the interpreter cannot:
-register/shared-memory limits and compile errors of the GPU backend.
+register/shared-memory limits and compile errors of the GPU backend. ``--largest`` compiles only the
+variants of the shapes with the biggest tiles (what ``tests/test_sm90_compile.py`` runs in CI).
 """
 import importlib
 import json
@@ -20,22 +21,6 @@ import sys
 import torch
 
 SMEM_LIMIT = 227 * 1024
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64",
-         torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
-
-
-def _type(x):
-    if isinstance(x, torch.Tensor):
-        return "*" + TYPES[x.dtype]
-    if isinstance(x, bool):
-        return "i1"
-    if isinstance(x, int):
-        return "i32" if -2**31 <= x < 2**31 else "i64"
-    if isinstance(x, float):
-        return "fp32"
-    raise TypeError(type(x))
-
-
 def _const(v):
     import triton.language as tl
     return {"tl": str(v)} if isinstance(v, tl.dtype) else v
@@ -48,8 +33,16 @@ def _unconst(v):
 
 
 def record(workload):
-    """Distinct launches of ``workload()`` as (module, kernel, signature, constexprs, options)."""
+    """Distinct launches of ``workload()`` as (module, kernel, signature, constexprs, options, specialization).
+
+    The specialization of each argument is the runtime's own (``native_specialize_impl``): ``"D"``
+    for a tensor whose address or an integer that is a multiple of 16, ``"1"`` for an integer equal
+    to 1. It matters: with aligned pointers the compiler pipelines loads through shared memory."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
     from triton.runtime import interpreter as interp
+    # the specializer's first call imports Triton modules that must load while the interpreter is on
+    native_specialize_impl(BaseBackend, torch.empty(1), False, True, True)
     seen = {}
     call = interp.GridExecutor.__call__
 
@@ -57,17 +50,21 @@ def record(workload):
         bound = dict(zip(self.arg_names, args))
         bound.update({k: v for k, v in kwargs.items() if k in self.arg_names})
         opts = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-        sig, consts = {}, {}
+        sig, consts, spec = {}, {}, {}
         for name in self.arg_names:
             val = bound.get(name)
             if name in self.constexprs or val is None:
                 sig[name], consts[name] = "constexpr", val
+                continue
+            ty, key = native_specialize_impl(BaseBackend, val, False, True, True)
+            if ty == "constexpr":                   # an integer equal to 1
+                sig[name], spec[name] = "i32", "1"
             else:
-                sig[name] = _type(val)
+                sig[name], spec[name] = ty, key or ""
         key = (self.fn.__name__, tuple(sig.items()), tuple((k, str(v)) for k, v in consts.items()),
-               tuple(opts.items()))
+               tuple(opts.items()), tuple(spec.items()))
         seen.setdefault(key, (self.fn.__module__, self.fn.__name__, sig,
-                              {k: _const(v) for k, v in consts.items()}, opts))
+                              {k: _const(v) for k, v in consts.items()}, opts, spec))
         # no execution: only the launch's types and constants matter here
 
     interp.GridExecutor.__call__ = recording_call
@@ -78,25 +75,29 @@ def record(workload):
     return list(seen.values())
 
 
-def workload():
+def workload(largest=False):
+    """Every op forward and backward, per (K, V), dtype, gate and layout; ``largest``: only the biggest
+    half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first."""
     import osdn_ops.triton as ot
     from tests.inputs import asym_call, asym_problem, precond_problem
     os.environ.pop("TRITON_INTERPRET")  # kernels are defined: now pick operand types as on a GPU
     fns = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
-    for K, V in ((128, 128), (64, 16), (256, 256), (48, 96)):
-        for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for gate, fn in fns.items():
-                for cu in (None, [0, 0, 70, 130]):
-                    x = asym_problem(gate, B=2 if cu is None else 1, T=130, H=2, K=K, V=V, dtype=dtype,
-                                     cu_seqlens=cu, requires_grad=True)
-                    o, s = asym_call(fn, gate, x)
-                    torch.autograd.backward((o, s), (torch.ones_like(o), torch.ones_like(s)))
-            for form in ("tokens", "parallel"):
-                p = precond_problem(B=1, T=130, H=2, K=K, dtype=dtype, cu_seqlens=[0, 0, 70, 130])
-                args = (p["k"], p["beta"].float(), p["d0"].float(), p["retention"].float(), p["cu_seqlens"],
-                        0.5, 0.5, 2.0, 1e-6, True)
-                kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
-                ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
+    cases = ([((256, 256), torch.bfloat16)] if largest else
+             [(kv, dtype) for kv in ((128, 128), (64, 16), (256, 256), (48, 96))
+              for dtype in (torch.bfloat16, torch.float16, torch.float32)])
+    for (K, V), dtype in cases:
+        for gate, fn in fns.items():
+            for cu in (None,) if largest else (None, [0, 0, 70, 130]):
+                x = asym_problem(gate, B=2 if cu is None else 1, T=130, H=2, K=K, V=V, dtype=dtype,
+                                 cu_seqlens=cu, requires_grad=True)
+                o, s = asym_call(fn, gate, x)
+                torch.autograd.backward((o, s), (torch.ones_like(o), torch.ones_like(s)))
+        for form in ("parallel",) if largest else ("tokens", "parallel"):
+            p = precond_problem(B=1, T=130, H=2, K=K, dtype=dtype, cu_seqlens=[0, 0, 70, 130])
+            args = (p["k"], p["beta"].float(), p["d0"].float(), p["retention"].float(), p["cu_seqlens"],
+                    0.5, 0.5, 2.0, 1e-6, True)
+            kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
+            ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
 
 
 def _ptxas_usage(ptx: str) -> str:
@@ -113,23 +114,35 @@ def _ptxas_usage(ptx: str) -> str:
     return f"regs {regs.group(1) if regs else '?':>3s}  spill {spill.group(1) if spill else '?':>5s} B"
 
 
-def main():
-    if sys.argv[1:] == ["--record"]:
-        json.dump(record(workload), sys.stdout)
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    largest = "--largest" in argv
+    names = [a for a in argv if not a.startswith("--")]
+    if "--record" in argv:
+        json.dump(record(lambda: workload(largest)), sys.stdout)
         return 0
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, __file__, "--record"], env=env, check=True, capture_output=True, text=True)
-    launches = [x for x in json.loads(out.stdout) if not sys.argv[1:] or x[1] in sys.argv[1:]]
+    out = subprocess.run([sys.executable, __file__, "--record"] + (["--largest"] if largest else []), env=env,
+                         check=True, capture_output=True, text=True)
+    launches = [x for x in json.loads(out.stdout) if not names or x[1] in names]
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     failures = 0
     target = GPUTarget("cuda", 90, 32)
-    for module, name, sig, consts, opts in launches:
+    for module, name, sig, consts, opts, spec in launches:
         fn = getattr(importlib.import_module(module), name)
         consts = {k: _unconst(v) for k, v in consts.items()}
+        attrs = {}
+        for p in fn.params:                 # the kernel's own do_not_specialize settings
+            if p.do_not_specialize or p.name not in spec:
+                continue
+            if spec[p.name] == "1":
+                sig[p.name], consts[p.name] = "constexpr", 1
+            elif spec[p.name] == "D" and not p.do_not_specialize_on_alignment:
+                attrs[(p.num,)] = [["tt.divisibility", 16]]
         names = list(sig)
-        src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+        src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
         tag = ", ".join(f"{k}={v}" for k, v in consts.items() if k.isupper() and v is not None)
         try:
             compiled = triton.compile(src, target=target, options=opts)

@@ -88,8 +88,8 @@ def unit_lower_inverse(L, G: tl.constexpr):
     return tl.dot(Tm, eye + L8, input_precision="ieee")
 
 
-#: warps of the precompute without / with the adjoint terms. Registers per thread (ptxas, K = 128): 182 / 117 / 80
-#: at 4 / 8 / 16 warps without, 32 + 4.4 KB spilled / 255 / 128 + 0.4 KB spilled with; benchmarks/bench_precond.py
+#: warps of the precompute without / with the adjoint terms. Registers per thread (ptxas, K = 128): 192 / 117 / 80
+#: at 4 / 8 / 16 warps without; 32 + 4.4 KB spilled / 255 / 128 + 0.4 KB spilled with. benchmarks/bench_precond.py
 #: times the choices.
 PRECOMPUTE_WARPS = {False: 4, True: 8}
 

@@ -1,0 +1,26 @@
+"""The kernel variants with the biggest tiles compile for sm_90 (H100/H200) and fit its shared memory.
+
+No GPU needed: ``benchmarks/compile_sm90.py --largest`` records the launches of every op (forward and
+backward, K = V = 256, bf16) under the interpreter and compiles each with Triton's own toolchain. The
+interpreter alone cannot see shared-memory or register limits: a K = 256 variant of the reverse
+recurrence that needed 368 KB of shared memory (the H200 gives a block 227 KB) once reached the GPU
+unnoticed.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_largest_variants_fit_sm90():
+    pytest.importorskip("triton.backends.nvidia.compiler")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compile_sm90.py"), "--largest"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert " 0 failed" in res.stdout, res.stdout[-4000:]
