@@ -15,6 +15,7 @@ import itertools
 import torch
 import triton
 
+import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, make_problem
 from osdn_ops.triton import asym_bwd, asym_output, asym_states, asym_wy
 from osdn_ops.reference import state_shape
@@ -95,7 +96,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
     for shape in args.shapes.split(","):
         p = make_problem(shape, GPU_SHAPES[shape], torch.device("cuda"))
-        kt = (p.k.float() * (0.9 + 0.2 * torch.rand_like(p.k.float()))).to(p.k.dtype)
+        kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
         scale = p.q.shape[-1] ** -0.5
         for gate in args.gates.split(","):
             g = {"none": None, "scalar": p.g_scalar, "channel": p.g_channel}[gate]

@@ -126,6 +126,15 @@ def _chunk_rows(c, table, cu):
 
 
 @triton.jit
+def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
+    """V block ``v0..v0+BV`` of the chunk's rows in a ``[T, H, V]`` tensor: ``(ov [BV], vm [BV],
+    mv [64, BV] mask, offv [64, BV] offsets)``."""
+    ov = v0 + tl.arange(0, BV)
+    vm = ov < V
+    return ov, vm, rm[:, None] & vm[None, :], (rows[:, None] * H + hh) * V + ov[None, :]
+
+
+@triton.jit
 def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
               BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
     """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
@@ -136,9 +145,7 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
     P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC)
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
-        ov = v0 + tl.arange(0, BV)
-        m = rm[:, None] & (ov < V)[None, :]
-        off = (rows[:, None] * H + hh) * V + ov[None, :]
+        _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
         dO = tl.load(do + off, mask=m, other=0.).to(tl.float32)
         tl.store(dvl + off, tl.dot(tl.trans(P), dO, input_precision=PREC).to(dvl.dtype.element_ty), mask=m)
 
@@ -289,10 +296,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     lastv = tl.zeros([BK], tl.float32)
     dPm = tl.zeros([64, 64], tl.float32)
     for v0 in range(0, V, BV):
-        ov = v0 + tl.arange(0, BV)
-        vm = ov < V
-        mv = rm[:, None] & vm[None, :]
-        offv = (rows[:, None] * H + hh) * V + ov[None, :]
+        ov, vm, mv, offv = _v_block(v0, rows, rm, hh, H, V, BV)
         dO = tl.load(do + offv, mask=mv, other=0.)
         Vn = tl.load(vn + offv, mask=mv, other=0.)
         offs = sbase + ak[:, None] * V + ov[None, :]
@@ -335,10 +339,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     dTu = tl.zeros([64, 64], tl.float32)
     db = tl.zeros([64], tl.float32)
     for v0 in range(0, V, BV):
-        ov = v0 + tl.arange(0, BV)
-        vm = ov < V
-        mv = rm[:, None] & vm[None, :]
-        offv = (rows[:, None] * H + hh) * V + ov[None, :]
+        ov, vm, mv, offv = _v_block(v0, rows, rm, hh, H, V, BV)
         dV = tl.load(dvn + offv, mask=mv, other=0.)
         vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
         hs = tl.load(h + sbase + ak[:, None] * V + ov[None, :], mask=km[:, None] & vm[None, :], other=0.)
