@@ -2,17 +2,17 @@
 # One GPU session's validation and benchmarks, each step time-boxed, results written as they come.
 #   bash benchmarks/gpu_run.sh OUT_DIR [all|tests|bench] [seconds for the GPU tests]
 # Steps: versions; "tests": every GPU test (Triton kernels vs the float64 reference, opcheck on CUDA,
-# property tests on real shapes); "bench": precond_scan forms, the asym engine's stage breakdown and
-# the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2. On a fresh
-# machine each half takes about nine minutes (the tests mostly compiling kernels), so a ten-minute
-# call runs one half.
+# property tests on real shapes) in parallel processes, each limited to the given seconds (about six
+# minutes on a fresh 16-core machine); "bench": precond_scan forms, the asym engine's stage breakdown and
+# the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2 (about nine
+# minutes on a fresh machine). A ten-minute call runs one half.
 # fla tunes its kernels on first call (minutes per shape on a fresh machine). Triton keeps each tuning
 # result as a *.autotune.json in its cache; they are archived to OUT_DIR/autotune.tgz after every
 # benchmark step, and AUTOTUNE_IN=path/to/autotune.tgz restores them (same GPU, torch, triton, fla).
 set -u
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [test seconds]}
 mode=${2:-all}
-tests_s=${3:-500}
+tests_s=${3:-470}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/osdn-triton-cache}
@@ -27,22 +27,24 @@ save_tuning() { (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar 
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 if [ "$mode" != bench ]; then
-  # separate pytest processes, so that a GPU fault in one cannot take the others' CUDA context down;
-  # the time limits cover first-call compilation on a fresh machine (most of each step's time)
-  timeout $((tests_s * 3 / 10)) python3 -m pytest -q -p no:cacheprovider -k "gpu or cuda" tests/test_triton_precond.py \
-    tests/test_triton_asym_fwd.py tests/test_opcheck.py --durations=10 > "$out/gpu_tests.log" 2>&1
-  echo "gpu tests (precond, asym forward, opcheck) exit $?"; tail -4 "$out/gpu_tests.log"
-  timeout $((tests_s * 4 / 10)) python3 -m pytest -q -p no:cacheprovider -k "gpu and not random_shapes" \
-    tests/test_triton_asym_bwd.py --durations=10 >> "$out/gpu_tests.log" 2>&1
-  echo "gpu tests (asym backward) exit $?"; tail -4 "$out/gpu_tests.log"
-  for c in $(seq 0 8); do        # one process per random shape: a fault names its case and spares the others
-    timeout $((tests_s / 12)) python3 -m pytest -q -p no:cacheprovider \
-      "tests/test_triton_asym_bwd.py::test_gpu_random_shapes[$c]" >> "$out/gpu_random.log" 2>&1
-    echo "random shape case $c exit $?"
-  done | tee -a "$out/gpu_tests.log"
-  timeout $((tests_s / 10)) python3 -m pytest -q -p no:cacheprovider property_tests/test_kernel_vs_reference.py \
-    property_tests/test_reduction.py >> "$out/gpu_tests.log" 2>&1
-  echo "property tests on the GPU exit $?"; tail -4 "$out/gpu_tests.log"
+  # Separate pytest processes, run side by side: Triton compiles single-threaded per process (most of a
+  # fresh machine's test time), and a GPU fault in one process cannot take the others' CUDA context down.
+  # Each random-shape case runs in a process of its own, so that a fault names its case. Logs: OUT_DIR/tests/.
+  mkdir -p "$out/tests"; pids=()
+  group() { local name=$1; shift
+    ( timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider --durations=5 "$@" > "$out/tests/$name.log" 2>&1
+      echo "$name exit $?" >> "$out/tests/summary.txt" ) & pids+=($!); }
+  group precond -k "gpu or cuda" tests/test_triton_precond.py
+  group forward -k "gpu and not int64" tests/test_triton_asym_fwd.py
+  group opcheck -k cuda tests/test_opcheck.py
+  group backward_shapes -k "gpu and (bench_shapes or long_sequence)" tests/test_triton_asym_bwd.py
+  group backward_forms -k "gpu and (varlen or strong_decay or deterministic)" tests/test_triton_asym_bwd.py
+  group over_2_31 -k "2_31 or int64" tests/test_triton_asym_bwd.py tests/test_triton_asym_fwd.py
+  for c in $(seq 0 8); do group "random_$c" "tests/test_triton_asym_bwd.py::test_gpu_random_shapes[$c]"; done
+  group property_kernels property_tests/test_kernel_vs_reference.py
+  group property_reduction property_tests/test_reduction.py
+  wait "${pids[@]}"
+  sort "$out/tests/summary.txt"; tail -qn1 "$out"/tests/*.log
 fi
 [ "$mode" = tests ] && exit 0
 if [ -f benchmarks/bench_precond.py ]; then
