@@ -2,7 +2,7 @@
 # One GPU session's validation and benchmarks, each step time-boxed, results written as they come.
 #   bash benchmarks/gpu_run.sh OUT_DIR [all|tests|bench] [seconds for the GPU tests]
 # Steps: versions; "tests": every GPU test (Triton kernels vs the float64 reference, opcheck on CUDA,
-# property tests on real shapes) in parallel processes, each limited to the given seconds (about six
+# property tests on real shapes) in parallel processes, each limited to the given seconds (about seven
 # minutes on a fresh 16-core machine); "bench": precond_scan forms, the asym engine's stage breakdown and
 # the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2 (about nine
 # minutes on a fresh machine). A ten-minute call runs one half.
@@ -12,7 +12,7 @@
 set -u
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [test seconds]}
 mode=${2:-all}
-tests_s=${3:-470}
+tests_s=${3:-420}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH=.:${PYTHONPATH:-}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/osdn-triton-cache}
@@ -34,12 +34,16 @@ if [ "$mode" != bench ]; then
   group() { local name=$1; shift
     ( timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider --durations=5 "$@" > "$out/tests/$name.log" 2>&1
       echo "$name exit $?" >> "$out/tests/summary.txt" ) & pids+=($!); }
-  group precond -k "gpu or cuda" tests/test_triton_precond.py
-  group forward -k "gpu and not int64" tests/test_triton_asym_fwd.py
+  # first, alone: the tensors of more than 2^31 elements need up to 100 GB of free GPU memory (else they skip)
+  group over_2_31 -k "2_31 or int64" tests/test_triton_asym_bwd.py tests/test_triton_asym_fwd.py tests/test_triton_precond.py
+  wait "${pids[@]}"; pids=()
+  group precond -k "(gpu or cuda) and not 2_31" tests/test_triton_precond.py
+  for gate in none scalar channel; do group "forward_shapes_$gate" -k "gpu_shapes and $gate" tests/test_triton_asym_fwd.py; done
+  group forward_forms -k "gpu and not shapes and not int64" tests/test_triton_asym_fwd.py
   group opcheck -k cuda tests/test_opcheck.py
   group backward_shapes -k "gpu and (bench_shapes or long_sequence)" tests/test_triton_asym_bwd.py
-  group backward_forms -k "gpu and (varlen or strong_decay or deterministic)" tests/test_triton_asym_bwd.py
-  group over_2_31 -k "2_31 or int64" tests/test_triton_asym_bwd.py tests/test_triton_asym_fwd.py
+  group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
+  group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
   for c in $(seq 0 8); do group "random_$c" "tests/test_triton_asym_bwd.py::test_gpu_random_shapes[$c]"; done
   group property_kernels property_tests/test_kernel_vs_reference.py
   group property_reduction property_tests/test_reduction.py
