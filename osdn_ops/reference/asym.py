@@ -54,17 +54,22 @@ def asym_recurrent(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate
 
     Returns ``(o, final_state)`` in the op's public state layout (see module docstring).
     """
-    dt = compute_dtype(v)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    S0 = (torch.zeros(state_shape(gate, N, H, K, V), dtype=dt, device=v.device)
-          if initial_state is None else initial_state.to(dt).clone())
-    cast = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta)]
-
     def fn(q_, k_, kt_, v_, g_, b_, S_):
         return _recurrent(q_, k_, kt_, v_, g_, b_, S_, scale=scale, gate=gate)
 
+    return _run_sequences(fn, q, k, k_tilde, v, g, beta, initial_state, gate, cu_seqlens)
+
+
+def _run_sequences(fn, q, k, k_tilde, v, g, beta, initial_state, gate, cu_seqlens):
+    """Run ``fn(q, k, k_tilde, v, g, beta, S) -> (o, S)`` (state ``[b,H,K,V]``) on each sequence in
+    the compute dtype, from ``initial_state`` (zeros if None); ``(o in v.dtype, final state in the
+    public layout)``."""
+    dt = compute_dtype(v)
+    B, T, H, K = q.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    S0 = (torch.zeros(state_shape(gate, N, H, K, v.shape[-1]), dtype=dt, device=v.device)
+          if initial_state is None else initial_state.to(dt).clone())
+    cast = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta)]
     o, S = per_sequence(fn, cast, _to_kv(S0, gate), cu_seqlens)
     return o.to(v.dtype).contiguous(), _to_kv(S, gate).contiguous()
 
@@ -218,24 +223,17 @@ def _chunked_bwd(q, k, kt, v, g, beta, do, states, *, scale, gate, C):
     parts.append(db)
     grads = torch.cat([_unchunk(x, T) for x in parts], -1)
     return grads, dS
+
+
 def asym_chunked(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate, cu_seqlens=None,
                  chunk_size: int = 64):
     """Chunked (WY) asymmetric delta rule; same contract as :func:`asym_recurrent`."""
-    dt = compute_dtype(v)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    S0 = (torch.zeros(state_shape(gate, N, H, K, V), dtype=dt, device=v.device)
-          if initial_state is None else initial_state.to(dt).clone())
-    cast = [x if x is None else x.to(dt) for x in (q, k, k_tilde, v, g, beta)]
-
     def fn(q_, k_, kt_, v_, g_, b_, S_):
         if q_.shape[1] == 0:
             return v_.new_zeros(v_.shape), S_
         return _chunked(q_, k_, kt_, v_, g_, b_, S_, scale=scale, gate=gate, C=chunk_size)
 
-    o, S = per_sequence(fn, cast, _to_kv(S0, gate), cu_seqlens)
-    return o.to(v.dtype).contiguous(), _to_kv(S, gate).contiguous()
+    return _run_sequences(fn, q, k, k_tilde, v, g, beta, initial_state, gate, cu_seqlens)
 
 
 def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
