@@ -45,8 +45,11 @@ if [ "$mode" != bench ]; then
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
   for c in $(seq 0 8); do group "random_$c" "tests/test_triton_asym_bwd.py::test_gpu_random_shapes[$c]"; done
-  group property_kernels property_tests/test_kernel_vs_reference.py
-  group property_reduction property_tests/test_reduction.py
+  # property tests: every drawn shape compiles new kernel variants, so they run in four processes
+  group property_precond -k precond property_tests/test_kernel_vs_reference.py
+  group property_asym -k asym property_tests/test_kernel_vs_reference.py
+  group property_reduction -k "not triton" property_tests/test_reduction.py
+  group property_reduction_triton -k triton property_tests/test_reduction.py
   wait "${pids[@]}"
   sort "$out/tests/summary.txt"; tail -qn1 "$out"/tests/*.log
 fi
