@@ -41,6 +41,7 @@ if [ "$mode" != bench ]; then
   for gate in none scalar channel; do group "forward_shapes_$gate" -k "gpu_shapes and $gate" tests/test_triton_asym_fwd.py; done
   group forward_forms -k "gpu and not shapes and not int64" tests/test_triton_asym_fwd.py
   group opcheck -k cuda tests/test_opcheck.py
+  group cuda_graphs tests/test_cuda_graphs.py
   group backward_shapes -k "gpu and (bench_shapes or long_sequence)" tests/test_triton_asym_bwd.py
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
