@@ -39,6 +39,17 @@ def stages(q, k, kt, v, g, beta, gate, scale):
     return fns
 
 
+def cases(shapes: str, gates: str, device="cuda"):
+    """``(shape, gate, problem, k_tilde, g, scale)`` for each comma-listed BENCH.md shape and gate; k_tilde
+    from precond_scan on the shape's keys, g the gate's log decay (None for "none")."""
+    for name in shapes.split(","):
+        p = make_problem(name, GPU_SHAPES[name], torch.device(device))
+        kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
+        for gate in gates.split(","):
+            g = {"none": None, "scalar": p.g_scalar, "channel": p.g_channel}[gate]
+            yield name, gate, p, kt, g, p.q.shape[-1] ** -0.5
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="S1,S2")
@@ -47,24 +58,19 @@ def main():
     ops = {"none": osdn_ops.chunk_delta_asym, "scalar": osdn_ops.chunk_gated_delta_asym,
            "channel": osdn_ops.chunk_kda_asym}
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    for name in args.shapes.split(","):
-        p = make_problem(name, GPU_SHAPES[name], torch.device("cuda"))
-        kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
-        scale = p.q.shape[-1] ** -0.5
-        for gate in args.gates.split(","):
-            g = {"none": None, "scalar": p.g_scalar, "channel": p.g_channel}[gate]
-            row = {"fwd": bench(lambda: chunk_asym_fwd(p.q, p.k, kt, p.v, g, p.beta, None, None, scale, gate))}
-            row.update({st: bench(fn) for st, fn in stages(p.q, p.k, kt, p.v, g, p.beta, gate, scale).items()})
-            leaves = [t.detach().requires_grad_() for t in (p.q, p.k, kt, p.v) + ((g,) if g is not None else ()) + (p.beta,)]
-            do = torch.randn_like(p.v)
+    for name, gate, p, kt, g, scale in cases(args.shapes, args.gates):
+        row = {"fwd": bench(lambda: chunk_asym_fwd(p.q, p.k, kt, p.v, g, p.beta, None, None, scale, gate))}
+        row.update({st: bench(fn) for st, fn in stages(p.q, p.k, kt, p.v, g, p.beta, gate, scale).items()})
+        leaves = [t.detach().requires_grad_() for t in (p.q, p.k, kt, p.v) + ((g,) if g is not None else ()) + (p.beta,)]
+        do = torch.randn_like(p.v)
 
-            def fwd_bwd():
-                o, _ = ops[gate](*leaves)
-                torch.autograd.grad(o, leaves, do)
-            row["fwd+bwd"] = bench(fwd_bwd)
-            print(f"{name} {gate:8s} " + "  ".join(f"{k} {a:.3f}/{b:.3f}" for k, (a, b) in row.items()), flush=True)
-            print("   per kernel (fwd+bwd): " + "  ".join(f"{k[:28]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items()
-                                                     if t >= 0.005), flush=True)
+        def fwd_bwd():
+            o, _ = ops[gate](*leaves)
+            torch.autograd.grad(o, leaves, do)
+        row["fwd+bwd"] = bench(fwd_bwd)
+        print(f"{name} {gate:8s} " + "  ".join(f"{k} {a:.3f}/{b:.3f}" for k, (a, b) in row.items()), flush=True)
+        print("   per kernel (fwd+bwd): " + "  ".join(f"{k[:28]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items()
+                                                 if t >= 0.005), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ import itertools
 import torch
 import triton
 
-import osdn_ops
-from osdn_ops.bench import GPU_SHAPES, make_problem
 from osdn_ops.triton import asym_bwd, asym_output, asym_states, asym_wy
 from osdn_ops.reference import state_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 
-from asym_stages import stages  # noqa: E402  (this script's folder is on sys.path)
+from asym_stages import cases, stages  # noqa: E402  (this script's folder is on sys.path)
 
 FWD = {
     "wy": (asym_wy.WY_CONFIG, dict(block_out=(64, 128), num_warps=(4, 8), num_stages=(1, 2))),
@@ -94,16 +92,11 @@ def main():
     ap.add_argument("--parts", default="fwd,bwd")
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
-    for shape in args.shapes.split(","):
-        p = make_problem(shape, GPU_SHAPES[shape], torch.device("cuda"))
-        kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
-        scale = p.q.shape[-1] ** -0.5
-        for gate in args.gates.split(","):
-            g = {"none": None, "scalar": p.g_scalar, "channel": p.g_channel}[gate]
-            if "fwd" in args.parts:
-                sweep_fwd(shape, gate, p, kt, g, scale)
-            if "bwd" in args.parts:
-                sweep_bwd(shape, gate, p, kt, g, scale)
+    for shape, gate, p, kt, g, scale in cases(args.shapes, args.gates):
+        if "fwd" in args.parts:
+            sweep_fwd(shape, gate, p, kt, g, scale)
+        if "bwd" in args.parts:
+            sweep_bwd(shape, gate, p, kt, g, scale)
 
 
 if __name__ == "__main__":
