@@ -39,8 +39,9 @@ def _step(leaves, cu, seeds):
 def test_graph_replay_equals_eager(gate, varlen):
     cu_list = CU if varlen else None
     leaves, cu = _leaves(gate, cu_list, seed=0)
-    o, s, d = osdn_ops.osdn(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves.get("g"),
-                            initial_state=leaves["initial_state"], d0=leaves["d0"], cu_seqlens=cu)
+    with torch.no_grad():                   # shapes only: no autograd graph may outlive this call
+        o, s, d = osdn_ops.osdn(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], leaves.get("g"),
+                                initial_state=leaves["initial_state"], d0=leaves["d0"], cu_seqlens=cu)
     seeds = [torch.randn(t.shape, device="cuda") for t in (o, s, d)]
 
     side = torch.cuda.Stream()              # warm-up (kernel compilation) off the capturing stream

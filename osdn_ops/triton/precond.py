@@ -7,11 +7,13 @@ Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 
 Two forms (``form``):
 
-* ``"parallel"`` (default): a parallel precompute over all chunks and heads (``precond_parallel``),
-  then one program per (sequence, head) carries ``d`` through its 64-token chunks in steps of 16
-  tokens, each three short dependent steps instead of 16 dependent K-reductions; a chunk where a
-  clamp fires (or that starts with a coordinate pinned on a bound and pointing outward) is redone
-  token by token. The backward's adjoint runs the same way.
+* ``"parallel"`` (default): a parallel precompute over all 16-token groups (``precond_parallel``);
+  one program per (sequence, head) carries only ``d`` from group to group, three short dependent
+  steps per 16 tokens instead of 16 dependent K-reductions (``precond_chain``); a parallel pass forms
+  ``k_tilde`` from the chain's checkpoints and flags the chunks where a clamp fires (or that start with
+  a coordinate pinned on a bound and pointing outward), and a fixup redoes each sequence from its
+  first flagged chunk, token by token where needed (``precond_fwd``). The backward's adjoint runs the
+  same way (``precond_bwd``).
 * ``"tokens"``: one program per (sequence, head), token by token (``precond_tokens``).
 
 The default is measured on the H200 by ``benchmarks/bench_precond.py`` (see benchmarks/RESULTS.md).
@@ -47,7 +49,8 @@ def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps,
     """Forward kernel: ``(k_tilde, d_final)``; ``form`` is "tokens" (default) or "parallel"."""
     if _use_reference(k):
         return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
-    return forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form))
+    kt, dfin, _, _ = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form))
+    return kt, dfin
 
 
 def precond_fallback_share(k, beta, d0=None, retention=None, cu_seqlens=None, *, eta, d_min, d_max, eps,
@@ -60,7 +63,7 @@ def precond_fallback_share(k, beta, d0=None, retention=None, cu_seqlens=None, *,
         return 1.0
     flags = torch.full((flag_slots(k, cu_seqlens), k.shape[2]), -1, dtype=torch.int32, device=k.device)
     forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, True, store_kt=False,
-                 flags=flags)
+                 flags=flags)          # rows of chunks that exist get 0 or 1
     total = (flags >= 0).sum()
     return float((flags == 1).sum() / total.clamp(min=1))
 

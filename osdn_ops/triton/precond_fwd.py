@@ -1,70 +1,148 @@
-"""Triton precond_scan forward kernel (DESIGN §3), in either form; shapes as in ``precond``.
+"""Triton precond_scan forward (DESIGN §3), in either form; shapes as in ``precond``.
 
-Also the first pass of the backward: there it writes only ``d`` at every chunk start (checkpoints).
+Chunk-parallel form, four launches: the precompute (``precond_parallel``, parallel over groups), the
+chain (``precond_chain``, serial: ``d`` at every group start, no clamp), the output pass (parallel over
+chunks: each group's ``d_t`` from its checkpoint, ``k_tilde``, and a flag on every chunk where a
+pre-clamp value leaves the box) and the fixup (serial, usually idle: from a sequence's first flagged
+chunk on, where the unclamped chain is wrong, the per-chunk parallel form with the token loop as its
+fallback, rewriting ``k_tilde``, checkpoints, flags and ``d_final``). Token form: one serial launch.
+
+Also the first pass of the backward: there it writes no ``k_tilde``, only the checkpoints and flags.
 """
 from __future__ import annotations
 
 import torch
-import triton.language as tl
 import triton
+import triton.language as tl
 
-from .precond_parallel import advance, num_warps, precompute
-from .precond_tokens import CHUNK, GROUP, block_k, load_d0, scan_tokens, sequence_bounds, sequences
+from .asym_chunks import chunk_layout, chunk_span
+from .precond_chain import _chain_kernel
+from .precond_parallel import advance, group_step, num_warps, precompute
+from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, flag_slots, load_d0, scan_tokens, sequence_bounds,
+                             sequences)
+
+#: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
+CHAIN_WARPS = 4
+OUT_WARPS = 4
+ADJOINT_OUT_WARPS = 4
+
+
+@triton.jit(do_not_specialize=["T", "NT", "H", "K"])
+def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, ckpt_ptr, kt_ptr, flag_ptr, T, NT, H, K, d_min,
+                d_max, HAS_R: tl.constexpr, VARLEN: tl.constexpr, STORE_KT: tl.constexpr, C: tl.constexpr,
+                G: tl.constexpr, BK: tl.constexpr):
+    """Grid (chunks * C/G, B*H), one program per group: ``k_tilde`` of the group (``STORE_KT``) from the
+    chain's checkpoint, and its chunk's flag raised to 1 (an atomic max: the order of the four groups
+    does not matter) where some pre-clamp value lies outside the box or is NaN."""
+    NG: tl.constexpr = C // G
+    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
+    pid_c, gi = pid_g // NG, pid_g % NG
+    i_b, h = pid_bh // H, (pid_bh % H).to(tl.int64)
+    start, n, hrow = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    if gi * G < n:
+        ci = tl.arange(0, G)
+        offs = tl.arange(0, BK)
+        row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
+        d = tl.load(ckpt_ptr + ((NG * row + gi) * H + h) * BK + offs)
+        t0 = start + gi * G
+        D, kv, d_end, bad = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, start + n, h, H, K, d_min, d_max, HAS_R,
+                                       G, BK)
+        if STORE_KT:
+            m = (gi * G + ci < n)[:, None] & (offs < K)[None, :]
+            tl.store(kt_ptr + ((t0 + ci)[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
+                     mask=m)
+        tl.atomic_max(flag_ptr + row * H + h, tl.max(bad, 0))
+
+
+@triton.jit
+def first_flagged(flag_ptr, slot, nchunks, h, H, FB: tl.constexpr):
+    """Index of the first chunk of a sequence whose flag is set (``nchunks`` if none)."""
+    first = nchunks
+    for j0 in range(0, nchunks, FB):
+        jj = j0 + tl.arange(0, FB).to(tl.int64)
+        f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < nchunks, other=0)
+        first = tl.minimum(first, tl.min(tl.where(f != 0, jj, nchunks), 0))
+    return first
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
 def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr,
                         T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
-                        STORE_KT: tl.constexpr, STATS: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr,
-                        G: tl.constexpr, BK: tl.constexpr):
-    """Grid (N, H). Per chunk j of sequence n (row ``slot = bos // C + n + j``): ``STATS`` writes 1 (token
-    loop) / 0 to ``flag[slot, h]``; ``STORE_CKPT`` writes ``d`` at the start of the chunk's group i to
-    ``ckpt[4 * slot + i, h, :BK]``."""
+                        STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                        BK: tl.constexpr):
+    """Grid (N, H). ``PARALLEL``: the fixup (nothing to do unless a chunk of the sequence is flagged; chunk
+    j's flag at row ``slot + j`` with ``slot = bos // C + n``, rewritten: 1 where the token loop ran).
+    Otherwise the whole token loop. ``STORE_CKPT``: ``d`` at the start of chunk j's group i to
+    ``ckpt[4 * (slot + j) + i, h, :BK]``."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
-    d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
     offs = tl.arange(0, BK)
     slot = bos // C + n
     ckpt = ckpt_ptr + (slot * (C // G) * H + h) * BK
     if PARALLEL:
-        for t0 in range(bos, eos, C):
-            row = slot + (t0 - bos) // C
-            d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, kt_ptr,
-                                   ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
-                                   d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, G, BK)
-            if STATS:
+        nchunks = (eos - bos + C - 1) // C
+        first = first_flagged(flag_ptr, slot, nchunks, h, H, 64)
+        if first < nchunks:
+            d = tl.load(ckpt + first * (C // G) * H * BK + offs)
+            for t0 in range(bos + first * C, eos, C):
+                row = slot + (t0 - bos) // C
+                d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, kt_ptr,
+                                       ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
+                                       d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, C, G, BK)
                 tl.store(flag_ptr + row * H + h, fell_back)
+            tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
     else:
+        d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
         d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt, bos, eos, h, H, K, eta, d_min, d_max, eps,
                         HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, G, BK)
-    tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
+        tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
 def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel, *,
-                 store_kt=True, flags=None, ckpt=None, scratch=None):
-    """Launch the forward kernel: ``(k_tilde or None, d_final)``.
+                 store_kt=True, keep=False, scratch=None, flags=None):
+    """Launch the forward: ``(k_tilde or None, d_final, flags, ckpt)``.
 
-    ``flags [flag_slots, H]`` int32 and ``ckpt [4 * flag_slots, H, BK]`` fp32 are filled if given;
-    ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when None and ``parallel``).
+    ``flags [flag_slots, H]`` int32 (1: the chunk ran the token loop) and ``ckpt [4 * flag_slots, H, BK]``
+    fp32 (``d`` at every group start) come from the parallel form; the token form gives no flags, and the
+    checkpoints only with ``keep``. ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when
+    None and ``parallel``); ``flags``: a tensor to fill instead of a new zeroed one (parallel form; the
+    flags of existing chunks become the maximum of their value and 0 or 1).
     """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
+    BK = block_k(K)
+    f32 = dict(dtype=torch.float32, device=k.device)
     kt = torch.empty_like(k) if store_kt else None
-    dfin = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
-    if N * H > 0:
-        if parallel and scratch is None:
-            scratch = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware)
-        M, w0 = scratch if parallel else (k, k)
-        dummy = k
-        BK = block_k(K)
-        _precond_fwd_kernel[(N, H)](
-            k, beta, d0 if d0 is not None else dummy, retention if retention is not None else dummy,
-            cu_seqlens if cu_seqlens is not None else dummy, M, w0, kt if store_kt else dummy, dfin,
-            flags if flags is not None else dummy, ckpt if ckpt is not None else dummy,
-            T, H, K, float(eta), float(d_min), float(d_max), float(eps),
-            HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), PARALLEL=bool(parallel), STORE_KT=store_kt, STATS=flags is not None,
-            STORE_CKPT=ckpt is not None, C=CHUNK, G=GROUP, BK=BK, num_warps=num_warps(BK, parallel))
-    return kt, dfin
+    dfin = torch.empty(N, H, K, **f32)
+    slots = flag_slots(k, cu_seqlens)
+    if parallel and flags is None:
+        flags = torch.zeros(slots, H, dtype=torch.int32, device=k.device)
+    ckpt = torch.empty(slots * (CHUNK // GROUP), H, BK, **f32) if parallel or keep else None
+    if N * H == 0:
+        return kt, dfin, flags, ckpt
+    dummy = k
+    opt = dict(d0=d0 if d0 is not None else dummy, r=retention if retention is not None else dummy,
+               cu=cu_seqlens if cu_seqlens is not None else dummy)
+    flags_arg = flags if parallel else dummy
+    if parallel:
+        M, w0 = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware) if scratch is None else scratch
+        _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, T, H, K,
+                              HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+                              C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
+        lay = chunk_layout(cu_seqlens, B, T)
+        _out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
+            k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, ckpt,
+            kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),
+            HAS_R=retention is not None, VARLEN=cu_seqlens is not None, STORE_KT=store_kt, C=CHUNK, G=GROUP, BK=BK,
+            num_warps=OUT_WARPS)
+    else:
+        M = w0 = dummy
+    _precond_fwd_kernel[(N, H)](
+        k, beta, opt["d0"], opt["r"], opt["cu"], M, w0, kt if store_kt else dummy, dfin, flags_arg,
+        ckpt if ckpt is not None else dummy, T, H, K, float(eta), float(d_min), float(d_max), float(eps),
+        HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+        BETA_AWARE=bool(beta_aware), PARALLEL=bool(parallel), STORE_KT=store_kt, STORE_CKPT=ckpt is not None,
+        C=CHUNK, G=GROUP, BK=BK, num_warps=num_warps(BK, parallel))
+    return kt, dfin, flags, ckpt

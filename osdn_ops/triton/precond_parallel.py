@@ -1,7 +1,8 @@
-"""The chunk-parallel form of precond_scan (DESIGN §3): a parallel precompute and a short serial step.
+"""The chunk-parallel form of precond_scan (DESIGN §3): the parallel precompute and the group math.
 
-Without clamping, a run of tokens is affine in the state ``d0`` at its start. The serial program
-advances ``d`` over a 64-token chunk in four groups of ``GROUP = 16`` tokens, one group per step.
+Without clamping, a run of tokens is affine in the state ``d0`` at its start. A 64-token chunk is
+four groups of ``GROUP = 16`` tokens; the serial chain (``precond_chain``) advances ``d`` one group
+per step.
 Per token ``t`` of a group: ``s_t = k_t^2``, ``n_t = max(|k_t|^2, eps)``, ``b_t = beta_t`` (beta_aware)
 or 1, ``c_t = eta b_t / n_t`` (beta_aware) or ``eta / n_t``, retention ``r_t``, and the group's
 exclusive log retention ``Gam_t = sum_{i<t} log r_i`` (only differences ``Gam_t - Gam_{j+1} <= 0``
@@ -12,13 +13,13 @@ are exponentiated). With ``w_t = c_t (1 - b_t <d_t, s_t>)``::
 
 so ``w = w0 - M (S d0)`` with ``w0 = Tinv c``, ``M = Tinv diag(c b exp(Gam))``, ``Tinv = (I + L)^{-1}``.
 
-* ``precompute`` (one program per 64-token chunk and head, all in parallel): per group the Gram
-  matrix, ``L``, ``Tinv`` (a product of four factors, L being nilpotent), and writes ``M`` (``[B*T, H, 16]`` fp32,
-  row t = row t of its group's M) and ``w0`` (``[B*T, H]``): 68 bytes per token and head.
-* the serial step of one group (``group_step``) is ``p = S d0`` (16 independent K-reductions at
-  once), ``w = w0 - M p`` and ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``:
-  three short dependent steps for 16 tokens, where the token loop makes 16 dependent K-reductions.
-  Off that chain it also forms every ``d_t`` of the group (``k_tilde``) and the pre-clamp values.
+* ``precompute`` (one program per group and head, all in parallel): the Gram matrix, ``L``, ``Tinv``
+  (a product of four factors, L being nilpotent), and writes ``M`` (``[B*T, H, 16]`` fp32, row t =
+  row t of its group's M) and ``w0`` (``[B*T, H]``): 68 bytes per token and head.
+* one group from ``d0`` is ``p = S d0`` (16 independent K-reductions at once), ``w = w0 - M p`` and
+  ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``: three short dependent steps
+  for 16 tokens, where the token loop makes 16 dependent K-reductions. ``group_step`` also forms
+  every ``d_t`` of the group (``k_tilde``) and the pre-clamp values.
 * the chunk is exact when every pre-clamp value ``r_t d_t + w_t s_t`` of its four groups lies in
   ``[d_min, d_max]`` (NaN fails); ``advance`` checks that once per chunk and otherwise redoes the
   chunk token by token from its start. A coordinate on a bound whose pre-clamp value points outward
@@ -32,9 +33,10 @@ state at the group's end, ``f_t = dk_tilde_t * k_t`` and ``sigma_t = <g_{t+1}, s
     Phi_t = sum_{j>t} exp(Gam_j - Gam_{t+1}) <s_t, f_j>
 
 so ``sigma = Mb (S g_e) + h0`` with ``Mb = Tinv^T diag(exp(Gam_end - Gam_{t+1}))``, ``h0 = Tinv^T Phi``
-(the backward precompute writes both), and ``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with
-``Y_j = f_j - c_j b_j sigma_j s_j``: again three short dependent steps per group (``group_adjoint``),
-which also forms every ``g_{t+1}`` of the group and the token gradients off that chain.
+(the backward precompute writes both, and ``fsum = sum_j exp(Gam_j) f_j`` per group), and
+``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j b_j sigma_j s_j``: again three
+short dependent steps per group, which ``group_adjoint`` extends to every ``g_{t+1}`` of the group and
+the token gradients.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import chunk_layout, chunk_span
-from .precond_tokens import GROUP, scan_tokens, token_coefs
+from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, flag_slots, scan_tokens, token_coefs
 
 
 @triton.jit
@@ -76,77 +78,87 @@ def load_keys(k_ptr, rows, mrow, h, H, K, BK: tl.constexpr):
 @triton.jit
 def unit_lower_inverse(L, G: tl.constexpr):
     """``(I + L)^{-1}`` of a strictly lower triangular ``[G, G]`` fp32 tile (G = 16): L is nilpotent,
-    so the inverse is the finite product ``(I - L)(I + L^2)(I + L^4)(I + L^8)``, six exact fp32
-    products (a forward substitution would be 15 dependent steps)."""
+    so the inverse is the finite product ``(I - L)(I + L^2)(I + L^4)(I + L^8)``, six fp32 products
+    (a forward substitution would be 15 dependent steps), on the tensor cores in three tf32 passes
+    (error ~2^-22 relative; the plain fp32 products ran on the CUDA cores at several times the cost)."""
     ri = tl.arange(0, G)
     eye = (ri[:, None] == ri[None, :]).to(tl.float32)
-    L2 = tl.dot(L, L, input_precision="ieee")
-    L4 = tl.dot(L2, L2, input_precision="ieee")
-    L8 = tl.dot(L4, L4, input_precision="ieee")
-    Tm = tl.dot(eye - L, eye + L2, input_precision="ieee")
-    Tm = tl.dot(Tm, eye + L4, input_precision="ieee")
-    return tl.dot(Tm, eye + L8, input_precision="ieee")
+    L2 = tl.dot(L, L, input_precision="tf32x3")
+    L4 = tl.dot(L2, L2, input_precision="tf32x3")
+    L8 = tl.dot(L4, L4, input_precision="tf32x3")
+    Tm = tl.dot(eye - L, eye + L2, input_precision="tf32x3")
+    Tm = tl.dot(Tm, eye + L4, input_precision="tf32x3")
+    return tl.dot(Tm, eye + L8, input_precision="tf32x3")
 
 
-#: warps of the precompute without / with the adjoint terms. Registers per thread (ptxas, K = 128): 192 / 117 / 80
-#: at 4 / 8 / 16 warps without; 32 + 4.4 KB spilled / 255 / 128 + 0.4 KB spilled with. benchmarks/bench_precond.py
-#: times the choices.
-PRECOMPUTE_WARPS = {False: 4, True: 8}
+#: warps of the precompute (one program per group) without / with the adjoint terms;
+#: benchmarks/bench_precond.py times the choices.
+PRECOMPUTE_WARPS = {False: 1, True: 2}
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
-def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, T, NT, H, K,
-                       eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
+def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, fs_ptr, T,
+                       NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
                        ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Grid (chunks, B*H): writes ``M`` rows and ``w0`` of the chunk's groups, and with ``ADJOINT`` the
-    ``Mb`` rows and ``h0`` (the module docstring)."""
-    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
+    """Grid (chunks * C/G, B*H), one program per group: writes the group's ``M`` rows and ``w0``, and with
+    ``ADJOINT`` its ``Mb`` rows, ``h0`` and ``fsum = sum_t exp(Gam_t) dk_tilde_t * k_t`` (``[BK]`` fp32 at
+    row ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
+    NG: tl.constexpr = C // G
+    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
+    pid_c, gi = pid_g // NG, pid_g % NG
     i_b, h = pid_bh // H, (pid_bh % H).to(tl.int64)
     start, n, _ = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
     ci = tl.arange(0, G)
     lower = ci[:, None] > ci[None, :]
-    for gi in range(0, tl.cdiv(n, G)):
-        rows = start + gi * G + ci
-        mrow = (gi * G + ci) < n
-        kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-        b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
-        s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
-        c = tl.where(mrow, c, 0.0)
-        r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-        gram = tl.dot(s, tl.trans(s), input_precision="ieee")
-        L = tl.where(lower, (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
-        Tinv = unit_lower_inverse(L, G)
-        rg = (rows[:, None] * H + h) * G + ci[None, :]
-        tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
-        tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
-        if ADJOINT:
-            f = load_keys(dkt_ptr, rows, mrow, h, H, K, BK) * kv
-            F = tl.dot(s, tl.trans(f), input_precision="ieee")            # F[t, j] = <s_t, f_j>
-            up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
-            phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
-            lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
-            tl.store(mb_ptr + rg, tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :], mask=mrow[:, None])
-            tl.store(h0_ptr + rows * H + h, tl.sum(Tinv * phi[:, None], 0), mask=mrow)
+    rows = start + gi * G + ci
+    mrow = (gi * G + ci) < n
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
+    s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
+    c = tl.where(mrow, c, 0.0)
+    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    gram = tl.dot(s, tl.trans(s), input_precision="tf32x3")
+    L = tl.where(lower, (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
+    Tinv = unit_lower_inverse(L, G)
+    rg = (rows[:, None] * H + h) * G + ci[None, :]
+    tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
+    tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
+    if ADJOINT:
+        f = load_keys(dkt_ptr, rows, mrow, h, H, K, BK) * kv
+        F = tl.dot(s, tl.trans(f), input_precision="tf32x3")            # F[t, j] = <s_t, f_j>
+        up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
+        phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
+        lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
+        tl.store(mb_ptr + rg, tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :], mask=mrow[:, None])
+        tl.store(h0_ptr + rows * H + h, tl.sum(Tinv * phi[:, None], 0), mask=mrow)
+        offs = tl.arange(0, BK)
+        row = NG * chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN) + gi
+        tl.store(fs_ptr + (row * H + h) * BK + offs, tl.sum(tl.exp(lg)[:, None] * f, 0), mask=gi * G < n)
 
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,
                eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None) -> tuple[Tensor, ...]:
     """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts);
-    with ``dk_tilde`` also the adjoint's ``(Mb [B*T, H, GROUP], h0 [B*T, H])``."""
+    with ``dk_tilde`` also the adjoint's ``(Mb [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``."""
     B, T, H, K = k.shape
+    BK = block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     M, w0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
     adjoint = dk_tilde is not None
-    Mb, h0 = (torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)) if adjoint else (M, w0)
+    if adjoint:
+        Mb, h0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
+        fs = torch.empty(flag_slots(k, cu_seqlens) * (CHUNK // GROUP), H, BK, **f32)
+    else:
+        Mb, h0, fs = M, w0, M
     lay = chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H > 0:
-        _precompute_kernel[(lay.n_chunks, B * H)](
+        _precompute_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
             cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, h0,
-            T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=64, G=GROUP, BK=max(16, triton.next_power_of_2(K)),
+            fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+            BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=CHUNK, G=GROUP, BK=BK,
             num_warps=PRECOMPUTE_WARPS[adjoint])
-    return (M, w0, Mb, h0) if adjoint else (M, w0)
+    return (M, w0, Mb, h0, fs) if adjoint else (M, w0)
 
 
 @triton.jit

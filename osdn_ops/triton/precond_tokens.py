@@ -1,8 +1,18 @@
-"""Advancing the precond_scan state ``d`` token by token (DESIGN §3), and the scan's shared helpers.
+"""The precond_scan recurrence token by token (DESIGN §3), forward and adjoint, and the scan's shared helpers.
 
-``scan_tokens`` runs the recurrence as written, one dependent K-reduction per token; it is the
-token-loop form of the scan and the fallback of the chunk-parallel form (``precond_parallel``)
-wherever a clamp fires.
+``scan_tokens`` runs the recurrence as written, one dependent K-reduction per token, and
+``tokens_adjoint`` its adjoint over one chunk; they are the token-loop form of the scan and the
+fallback of the chunk-parallel form (``precond_parallel``) wherever a clamp fires.
+
+The adjoint of one token, with ``gpre = g * [d_min <= pre <= d_max]`` (torch.clamp's convention)::
+
+    sigma = <gpre, s>;  da = -c sigma;  dc = (1 - a) sigma
+    dr    = <gpre, d>
+    ds    = c (1 - a) gpre + da b' d          (b' = beta if beta_aware else 1)
+    dn    = -dc c / nb  where ||k||^2 >= eps (torch.clamp(min=eps)'s convention), else 0
+    dk    = dk_tilde * d + 2 k (ds + dn)
+    dbeta = da <d, s> + dc eta / nb          (beta_aware; 0 otherwise)
+    g    <- r gpre + dk_tilde * k + da b' s   (the gradient to d_t)
 
 Layout: token ``t`` (flattened over ``B*T``), head ``h`` of ``k`` is at ``(t*H + h)*K``; ``beta``
 and ``retention`` at ``t*H + h``. All offsets are int64.
@@ -91,6 +101,73 @@ def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h
 
 
 @triton.jit
+def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.constexpr):
+    """One token's adjoint: returns ``(g for d_t, dk [BK], dbeta, dr)`` (see the module docstring)."""
+    s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE)
+    ds_d = tl.sum(d * s, 0)
+    a = bb * ds_d
+    pre = r * d + c * (1.0 - a) * s
+    gpre = tl.where((pre >= d_min) & (pre <= d_max), g, 0.0)
+    sigma = tl.sum(gpre * s, 0)
+    dr = tl.sum(gpre * d, 0)
+    da = -c * sigma
+    dc = (1.0 - a) * sigma
+    ds = c * (1.0 - a) * gpre + da * bb * d
+    dn = tl.where(n2 >= eps, -dc * c / nb, 0.0)
+    dk = gkt * d + 2.0 * kv * (ds + dn)
+    if BETA_AWARE:
+        dbeta = da * ds_d + dc * eta / nb
+    else:
+        dbeta = dr * 0.0
+    g = r * gpre + gkt * kv + da * bb * s
+    return g, dk, dbeta, dr
+
+
+@triton.jit
+def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R: tl.constexpr, BK: tl.constexpr):
+    """Token ``t``'s ``d_t`` (from the chunk scratch), key, beta, retention and ``dk_tilde``; nothing is
+    read for ``t < t0`` (before the chunk)."""
+    offs = tl.arange(0, BK)
+    valid = t >= t0
+    dt = tl.load(traj + (t - t0) * BK + offs, mask=valid, other=0.0)
+    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, valid)
+    gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=(offs < K) & valid, other=0.0).to(tl.float32)
+    return dt, kv, b, r, gkt
+
+
+@triton.jit
+def tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_ptr, dr_ptr, t0, t1, h, H, K, eta,
+                   d_min, d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, G: tl.constexpr,
+                   BK: tl.constexpr):
+    """The adjoint of tokens ``[t0, t1)`` (one chunk) token by token: ``d`` is the state at ``t0`` and
+    ``g`` the gradient at ``t1``. Rebuilds ``d_t`` into the program's scratch ``traj [C, BK]`` (it stays
+    in L2), writes ``dk``, ``dbeta`` (and ``dretention``) of the chunk and returns the gradient at ``t0``."""
+    offs = tl.arange(0, BK)
+    mk = offs < K
+    d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
+                    HAS_R, BETA_AWARE, False, True, False, G, BK)
+    tl.debug_barrier()
+    # the serial chain (three reductions per token) is shorter than a load: inputs are loaded
+    # four tokens ahead (earlier in time), in a rotation of four register sets
+    d1, k1, b1, r1, g1 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 1, t0, h, H, K, HAS_R, BK)
+    d2, k2, b2, r2, g2 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 2, t0, h, H, K, HAS_R, BK)
+    d3, k3, b3, r3, g3 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 3, t0, h, H, K, HAS_R, BK)
+    d4, k4, b4, r4, g4 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 4, t0, h, H, K, HAS_R, BK)
+    for tt in range(0, t1 - t0):
+        t = t1 - 1 - tt
+        dn, kn, bn, rn, gn = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t - 4, t0, h, H, K, HAS_R, BK)
+        g, dk, dbeta, dr = token_adjoint(g, d1, k1, b1, r1, g1, eta, d_min, d_max, eps, BETA_AWARE)
+        tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk)
+        tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty))
+        if HAS_R:
+            tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty))
+        d1, k1, b1, r1, g1, d2, k2, b2, r2, g2 = d2, k2, b2, r2, g2, d3, k3, b3, r3, g3
+        d3, k3, b3, r3, g3, d4, k4, b4, r4, g4 = d4, k4, b4, r4, g4, dn, kn, bn, rn, gn
+    tl.debug_barrier()
+    return g
+
+
+@triton.jit
 def sequence_bounds(cu_ptr, n, T, VARLEN: tl.constexpr):
     """First and one-past-last flattened token (int64) of sequence ``n``."""
     if VARLEN:
@@ -113,6 +190,19 @@ def load_d0(d0_ptr, n, h, H, K, HAS_D0: tl.constexpr, BK: tl.constexpr):
     return d
 
 
+@triton.jit
+def chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C: tl.constexpr, VARLEN: tl.constexpr):
+    """Per-chunk scratch row (``bos // C + n + j``, see ``flag_slots``) of the chunk of the chunk grid
+    (``asym_chunks.chunk_span``) that starts at token ``start``; only meaningful where the chunk exists."""
+    if VARLEN:
+        seq = tl.maximum(tl.load(table_ptr + 2 * pid_c), 0).to(tl.int64)
+        bos = tl.load(cu_ptr + seq).to(tl.int64)
+    else:
+        seq = i_b.to(tl.int64)
+        bos = seq * T
+    return bos // C + seq + (start - bos) // C
+
+
 def block_k(K: int) -> int:
     """Padded feature block (a power of two, at least 16 for tl.dot)."""
     return max(16, triton.next_power_of_2(K))
@@ -124,6 +214,6 @@ def sequences(k, cu_seqlens) -> int:
 
 def flag_slots(k, cu_seqlens) -> int:
     """Rows of the per-chunk scratch (fallback flags; checkpoints have GROUP-token rows, four per chunk
-    row): ``bos // C + n + j`` is unique for chunk j of sequence n."""
+    row): ``bos // C + n + j`` is unique for chunk j of sequence n (its groups: rows ``4 * that + i``)."""
     B, T = k.shape[:2]
     return triton.cdiv(B * T, CHUNK) + sequences(k, cu_seqlens) + 1
