@@ -23,8 +23,8 @@ from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, flag_slots, load
 
 #: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
 CHAIN_WARPS = 4
-OUT_WARPS = 4
-ADJOINT_OUT_WARPS = 4
+OUT_WARPS = 1
+ADJOINT_OUT_WARPS = 2
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])

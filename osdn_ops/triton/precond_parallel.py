@@ -76,30 +76,32 @@ def load_keys(k_ptr, rows, mrow, h, H, K, BK: tl.constexpr):
 
 
 @triton.jit
-def unit_lower_inverse(L, G: tl.constexpr):
-    """``(I + L)^{-1}`` of a strictly lower triangular ``[G, G]`` fp32 tile (G = 16): L is nilpotent,
-    so the inverse is the finite product ``(I - L)(I + L^2)(I + L^4)(I + L^8)``, six fp32 products
-    (a forward substitution would be 15 dependent steps), on the tensor cores in three tf32 passes
-    (error ~2^-22 relative; the plain fp32 products ran on the CUDA cores at several times the cost)."""
+def unit_lower_inverse(L, G: tl.constexpr, LOG2G: tl.constexpr):
+    """``(I + L)^{-1}`` of a strictly lower triangular ``[G, G]`` fp32 tile (``G = 2^LOG2G``): L is nilpotent,
+    so the inverse is the finite product ``(I - L)(I + L^2)(I + L^4)...(I + L^(G/2))``, ``2 (LOG2G - 1)``
+    fp32 products (a forward substitution would be ``G - 1`` dependent steps), on the tensor cores in
+    three tf32 passes (error ~2^-22 relative; plain fp32 products ran on the CUDA cores at several
+    times the cost)."""
     ri = tl.arange(0, G)
     eye = (ri[:, None] == ri[None, :]).to(tl.float32)
-    L2 = tl.dot(L, L, input_precision="tf32x3")
-    L4 = tl.dot(L2, L2, input_precision="tf32x3")
-    L8 = tl.dot(L4, L4, input_precision="tf32x3")
-    Tm = tl.dot(eye - L, eye + L2, input_precision="tf32x3")
-    Tm = tl.dot(Tm, eye + L4, input_precision="tf32x3")
-    return tl.dot(Tm, eye + L8, input_precision="tf32x3")
+    Tm = eye - L
+    P = L
+    for _i in tl.static_range(LOG2G - 1):
+        P = tl.dot(P, P, input_precision="tf32x3")
+        Tm = tl.dot(Tm, eye + P, input_precision="tf32x3")
+    return Tm
 
 
 #: warps of the precompute (one program per group) without / with the adjoint terms;
 #: benchmarks/bench_precond.py times the choices.
-PRECOMPUTE_WARPS = {False: 1, True: 2}
+PRECOMPUTE_WARPS = {False: 1, True: 1}
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
 def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, fs_ptr, T,
                        NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
-                       ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+                       ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
+                       BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: writes the group's ``M`` rows and ``w0``, and with
     ``ADJOINT`` its ``Mb`` rows, ``h0`` and ``fsum = sum_t exp(Gam_t) dk_tilde_t * k_t`` (``[BK]`` fp32 at
     row ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
@@ -119,7 +121,7 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     gram = tl.dot(s, tl.trans(s), input_precision="tf32x3")
     L = tl.where(lower, (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
-    Tinv = unit_lower_inverse(L, G)
+    Tinv = unit_lower_inverse(L, G, LOG2G)
     rg = (rows[:, None] * H + h) * G + ci[None, :]
     tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
     tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
@@ -156,7 +158,7 @@ def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens:
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
             cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, h0,
             fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=CHUNK, G=GROUP, BK=BK,
+            BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=CHUNK, G=GROUP, LOG2G=GROUP.bit_length() - 1, BK=BK,
             num_warps=PRECOMPUTE_WARPS[adjoint])
     return (M, w0, Mb, h0, fs) if adjoint else (M, w0)
 
