@@ -5,7 +5,7 @@ S1-clamp of BENCH.md (bf16 keys, default hyperparameters; S1-clamp: vocabulary k
 Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly;
 the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
 Prints the markdown table and writes it to OUT.md, followed by S1's time per kernel of the parallel form
-and the precompute at each warp count.
+and its forward and backward at each launch setting.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import triton
 
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
 from osdn_ops.triton import precond as tp
+from osdn_ops.triton import precond_fwd as pf
 from osdn_ops.triton import precond_parallel as pp
 
 SHAPES = ("S1", "S2", "S3", "S1-clamp")
@@ -49,30 +50,52 @@ def measure(name: str) -> list[str]:
             f"{share:.3f}"]
 
 
+def _rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
+
+
+def _knobs():
+    """Launch settings of the parallel form: name -> (setter, choices, shipped value)."""
+    def attr(mod, name):
+        return lambda v: setattr(mod, name, v)
+
+    def warps(adjoint):
+        return lambda v: pp.PRECOMPUTE_WARPS.__setitem__(adjoint, v)
+    return {"chain warps": (attr(pf, "CHAIN_WARPS"), (2, 4, 8), pf.CHAIN_WARPS),
+            "output pass warps": (attr(pf, "OUT_WARPS"), (1, 2, 4), pf.OUT_WARPS),
+            "adjoint pass warps": (attr(pf, "ADJOINT_OUT_WARPS"), (1, 2, 4), pf.ADJOINT_OUT_WARPS),
+            "precompute warps": (warps(False), (1, 2, 4), pp.PRECOMPUTE_WARPS[False]),
+            "adjoint precompute warps": (warps(True), (1, 2, 4), pp.PRECOMPUTE_WARPS[True])}
+
+
 def parts(name: str = "S1") -> list[str]:
     """Where the parallel form's time goes on one shape: each kernel's ms per forward+backward (profiler),
-    then the precompute alone (forward terms / with the adjoint terms) at each warp count."""
+    then forward and backward ms at each launch setting (one changed at a time; every setting's outputs
+    and gradients are compared with the shipped one's)."""
     p = make_problem(name, GPU_SHAPES[name], "cuda")
     args = _args(p)
-    kt, df = tp.precond_scan_fwd(*args, form="parallel")
-    gk, gd = torch.randn_like(kt), torch.randn_like(df)
+    kt0, df0 = tp.precond_scan_fwd(*args, form="parallel")
+    gk, gd = torch.randn_like(kt0), torch.randn_like(df0)
+    g0 = tp.precond_scan_bwd(gk, gd, *args, form="parallel")
 
     def fwd_bwd():
         tp.precond_scan_fwd(*args, form="parallel")
         tp.precond_scan_bwd(gk, gd, *args, form="parallel")
     per_kernel = "  ".join(f"{k[:32]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items())
     lines = [f"{name} parallel form, ms per forward+backward: {per_kernel}"]
-    hp = p.hp
-    keep = dict(pp.PRECOMPUTE_WARPS)
-    for adjoint, choices in ((False, (2, 4, 8, 16)), (True, (4, 8, 16))):
-        times = []
-        for w in choices:
-            pp.PRECOMPUTE_WARPS[adjoint] = w
-            times.append(_ms(lambda: pp.precompute(p.k, p.beta, None, None, hp["eta"], hp["eps"], hp["beta_aware"],
-                                                   gk if adjoint else None)))
-        pp.PRECOMPUTE_WARPS.update(keep)
-        lines.append(f"{name} precompute{' with adjoint' if adjoint else ''}, ms at " +
-                     ", ".join(f"{w} warps {t:.3f}" for w, t in zip(choices, times)) + f" (shipped: {keep[adjoint]})")
+    for knob, (set_to, choices, shipped) in _knobs().items():
+        res = []
+        for v in choices:
+            set_to(v)
+            kt, df = tp.precond_scan_fwd(*args)
+            g = tp.precond_scan_bwd(gk, gd, *args)
+            same = max([_rel(kt, kt0), _rel(df, df0)] + [_rel(a, b) for a, b in zip(g[:3], g0[:3])])
+            fwd = _ms(lambda: tp.precond_scan_fwd(*args))
+            bwd = _ms(lambda: tp.precond_scan_bwd(gk, gd, *args))
+            res.append(f"{v}: fwd {fwd:.3f} bwd {bwd:.3f}" + ("" if same < 1e-4 else f" (differs: {same:.1e})"))
+        set_to(shipped)
+        lines.append(f"{name} {knob} (shipped {shipped}): " + "; ".join(res))
     return lines
 
 
