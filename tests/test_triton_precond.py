@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import osdn_ops.triton as ot
 from osdn_ops.reference import precond_scan_recurrent
 from osdn_ops.triton import precond as tp
+from osdn_ops.triton.precond_fwd import forward_pass
 
 HP = dict(d_min=0.5, d_max=2.0, eps=1e-6)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -142,6 +143,25 @@ def test_parallel_form_retention_near_zero(beta_aware):
     box = (1e-7, 10.0)
     check(x, eta=0.05, beta_aware=beta_aware, box=box)
     assert share(x, eta=0.05, beta_aware=beta_aware, box=box) == 0.0
+
+
+def test_unclamped_chain_diverges_after_first_clamp():
+    """The chain runs without the clamp, so past the first chunk where a clamp fires its checkpoints are
+    wrong and, with a large step, overflow to inf/NaN; the fixup must replace all of them. The first
+    chunk stays inside the box (d starts in its middle, small eta), the later ones do not (eta jumps)."""
+    x = problem(T=200, H=2, keys="vocab", n_keys=4, d0=False, retention=False)
+    x["beta"][:, 64:] = 1.0
+    x["k"][:, 64:] = x["k"][:, 64:] * 40.0                        # |k|^2 = 1600 past the first chunk
+    d = torch.ones(2, 16, dtype=torch.float64)                   # the unclamped recurrence overflows fp32
+    for t in range(200):
+        kk = x["k"][0, t].double().cpu()
+        b = x["beta"][0, t].double().cpu()
+        s = kk * kk
+        d = d + (0.02 * b / s.sum(-1))[:, None] * (1 - b * (d * s).sum(-1))[:, None] * s
+    assert not torch.isfinite(d.float()).all()
+    _, _, flags, _ = forward_pass(x["k"], x["beta"], None, None, None, 0.02, 0.5, 2.0, 1e-6, True, True)
+    assert flags[0].eq(0).all() and flags[1].eq(1).all()           # chunk 0 exact, chunk 1 clamps
+    check(x, eta=0.02, gtol=1e-3)
 
 
 def test_parallel_form_varlen_empty_sequences_fp16():
