@@ -197,14 +197,13 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
 
 
 @triton.jit
-def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
-            d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
-            STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
-            BK: tl.constexpr):
+def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
+            HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr,
+            C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """``d`` over tokens ``[t0, t1)`` (at most C): the parallel form, or the token loop where its
-    check fails. ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to
-    ``traj_ptr + (t - t0) * BK``; ``STORE_CKPT``: ``d`` at each group start to ``ckpt_ptr + i * H*BK``
-    (group i of the chunk, G tokens each). Returns ``(d_{t1}, fell_back)`` (1: the token loop ran).
+    check fails. ``STORE_KT``: writes ``k_tilde``; ``STORE_CKPT``: ``d`` at each group start to
+    ``ckpt_ptr + i * H*BK`` (group i of the chunk, G tokens each). Returns ``(d_{t1}, fell_back)``
+    (1: the token loop ran).
 
     The parallel form writes its outputs before the check; the token loop overwrites them."""
     ci = tl.arange(0, G)
@@ -222,12 +221,10 @@ def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, traj_ptr, ckpt_ptr
             m = (rows < t1)[:, None] & (offs < K)[None, :]
             tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
                      mask=m)
-        if STORE_TRAJ:
-            tl.store(traj_ptr + (gi * G + ci)[:, None] * BK + offs[None, :], D)
     if tl.max(bad, 0) > 0:
         tl.debug_barrier()                  # the token loop's stores land after the parallel form's
-        d = scan_tokens(d_start, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
-                        d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_TRAJ, STORE_CKPT, G, BK)
+        d = scan_tokens(d_start, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
+                        d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, G, BK)
         fell_back = tl.full([], 1, tl.int32)
     else:
         fell_back = tl.full([], 0, tl.int32)
@@ -283,8 +280,9 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, m_ptr, w0_ptr, mb_ptr, 
 
 
 def num_warps(BK: int, parallel: bool) -> int:
-    """Warps of the serial programs: few for the token loop (cheap reductions), many for the
-    parallel form's [16, BK] tiles (H200, S1: 0.52 / 0.39 / 0.27 ms at 4 / 8 / 16 warps)."""
+    """Warps of the per-sequence programs that run whole chunks: few for the token loop (cheap
+    reductions), many for the fixup's per-chunk parallel form with its [16, BK] tiles (H200, S1, when
+    that form ran every chunk: 0.52 / 0.39 / 0.27 ms at 4 / 8 / 16 warps)."""
     if parallel:
         return 16 if BK >= 128 else 8
     return 2 if BK > 128 else 1
