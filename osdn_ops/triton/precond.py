@@ -46,7 +46,7 @@ def _use_reference(k) -> bool:
 
 
 def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, form=None):
-    """Forward kernel: ``(k_tilde, d_final)``; ``form`` is "tokens" (default) or "parallel"."""
+    """Forward kernel: ``(k_tilde, d_final)``; ``form`` is "parallel" (default) or "tokens"."""
     if _use_reference(k):
         return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
     kt, dfin, _, _ = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form))

@@ -25,12 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .asym_chunks import chunk_layout, chunk_span
+from .asym_chunks import chunk_layout
 from .precond_chain import _adjoint_kernel
 from . import precond_fwd
 from .precond_fwd import forward_pass
-from .precond_parallel import group_adjoint, num_warps, precompute
-from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, sequences
+from .precond_parallel import group_adjoint, group_program, num_warps, precompute
+from .precond_tokens import CHUNK, GROUP, block_k, sequences
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
@@ -40,15 +40,10 @@ def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, m_pt
                         G: tl.constexpr, BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: token gradients of a group whose chunk the
     forward did not flag, from ``d`` at the group's start (``ckpt``) and the gradient at its end (``gck``)."""
-    NG: tl.constexpr = C // G
-    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
-    pid_c, gi = pid_g // NG, pid_g % NG
-    i_b, h = pid_bh // H, (pid_bh % H).to(tl.int64)
-    start, n, hrow = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     if gi * G < n:
-        row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
         if tl.load(flag_ptr + row * H + h) == 0:
-            r = ((NG * row + gi) * H + h) * BK + tl.arange(0, BK)
+            r = (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK)
             group_adjoint(tl.load(gck_ptr + r), tl.load(ckpt_ptr + r), k_ptr, beta_ptr, r_ptr, dkt_ptr, m_ptr, w0_ptr,
                           mb_ptr, h0_ptr, dk_ptr, dbeta_ptr, dr_ptr, start + gi * G, start + n, h, H, K, eta, d_min,
                           d_max, eps, HAS_R, BETA_AWARE, G, BK)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .precond_tokens import load_d0, sequence_bounds, token_coefs, tokens_adjoint
+from .precond_tokens import decay_logs, load_d0, sequence_bounds, token_coefs, tokens_adjoint
 
 
 @triton.jit
@@ -46,18 +46,6 @@ def raw_scalars(ptr, t0, t1, h, H, other, G: tl.constexpr):
     """``[G]`` per-token values (beta or retention) of tokens ``[t0, min(t0 + G, t1))``; ``other`` past the end."""
     rows = t0 + tl.arange(0, G)
     return tl.load(ptr + rows * H + h, mask=rows < t1, other=other)
-
-
-@triton.jit
-def decay_logs(r, HAS_R: tl.constexpr, G: tl.constexpr):
-    """Exclusive / inclusive log cumsums ``(Gam_t, Gam_{t+1})`` of retention ``r [G]`` (zeros without)."""
-    if HAS_R:
-        logr = tl.log(r.to(tl.float32))
-        lgi = tl.cumsum(logr, 0)
-        return lgi - logr, lgi
-    else:
-        z = tl.zeros([G], tl.float32)
-        return z, z
 
 
 @triton.jit

@@ -15,10 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .asym_chunks import chunk_layout, chunk_span
+from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
-from .precond_parallel import advance, group_step, num_warps, precompute
-from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, flag_slots, load_d0, scan_tokens, sequence_bounds,
+from .precond_parallel import advance, group_program, group_step, num_warps, precompute
+from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, load_d0, scan_tokens, sequence_bounds,
                              sequences)
 
 #: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
@@ -34,16 +34,11 @@ def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, ckpt_ptr, kt_ptr
     """Grid (chunks * C/G, B*H), one program per group: ``k_tilde`` of the group (``STORE_KT``) from the
     chain's checkpoint, and its chunk's flag raised to 1 (an atomic max: the order of the four groups
     does not matter) where some pre-clamp value lies outside the box or is NaN."""
-    NG: tl.constexpr = C // G
-    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
-    pid_c, gi = pid_g // NG, pid_g % NG
-    i_b, h = pid_bh // H, (pid_bh % H).to(tl.int64)
-    start, n, hrow = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     if gi * G < n:
         ci = tl.arange(0, G)
         offs = tl.arange(0, BK)
-        row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
-        d = tl.load(ckpt_ptr + ((NG * row + gi) * H + h) * BK + offs)
+        d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + offs)
         t0 = start + gi * G
         D, kv, d_end, bad = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, start + n, h, H, K, d_min, d_max, HAS_R,
                                        G, BK)
@@ -88,9 +83,9 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
             d = tl.load(ckpt + first * (C // G) * H * BK + offs)
             for t0 in range(bos + first * C, eos, C):
                 row = slot + (t0 - bos) // C
-                d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt + (t0 - bos) // G * H * BK,
-                                       t0, tl.minimum(t0 + C, eos), h, H, K, eta, d_min, d_max, eps, HAS_R,
-                                       BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
+                d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr,
+                                       ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
+                                       d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
                 tl.store(flag_ptr + row * H + h, fell_back)
             tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
     else:

@@ -48,7 +48,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import chunk_layout, chunk_span
-from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, flag_slots, scan_tokens, token_coefs
+from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, scan_tokens, token_coefs
 
 
 @triton.jit
@@ -57,14 +57,23 @@ def group_logs(r_ptr, rows, mrow, h, H, HAS_R: tl.constexpr, G: tl.constexpr):
     inclusive ``lgi`` (Gam_{t+1}), fp32."""
     if HAS_R:
         r = tl.load(r_ptr + rows * H + h, mask=mrow, other=1.0).to(tl.float32)
-        logr = tl.log(r)
-        lgi = tl.cumsum(logr, 0)
-        lg = lgi - logr
     else:
         r = tl.full([G], 1.0, tl.float32)
-        lgi = tl.zeros([G], tl.float32)
-        lg = lgi
+    lg, lgi = decay_logs(r, HAS_R, G)
     return r, lg, lgi
+
+
+@triton.jit
+def group_program(cu_ptr, table_ptr, T, NT, H, C: tl.constexpr, G: tl.constexpr, VARLEN: tl.constexpr):
+    """A program of a grid ``(chunks * C/G, B*H)``, one per group: ``(first token of its chunk (int64),
+    chunk length (<= 0: no chunk), group index in the chunk, head (int64), the chunk's scratch row
+    (``chunk_slot``))``."""
+    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
+    pid_c, gi = pid_g // (C // G), pid_g % (C // G)
+    i_b = pid_bh // H
+    start, n, hrow = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
+    return start, n, gi, (pid_bh % H).to(tl.int64), row
 
 
 @triton.jit
@@ -105,11 +114,7 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     """Grid (chunks * C/G, B*H), one program per group: writes the group's ``M`` rows and ``w0``, and with
     ``ADJOINT`` its ``Mb`` rows, ``h0`` and ``fsum = sum_t exp(Gam_t) dk_tilde_t * k_t`` (``[BK]`` fp32 at
     row ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
-    NG: tl.constexpr = C // G
-    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
-    pid_c, gi = pid_g // NG, pid_g % NG
-    i_b, h = pid_bh // H, (pid_bh % H).to(tl.int64)
-    start, n, _ = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     ci = tl.arange(0, G)
     lower = ci[:, None] > ci[None, :]
     rows = start + gi * G + ci
@@ -134,8 +139,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
         tl.store(mb_ptr + rg, tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :], mask=mrow[:, None])
         tl.store(h0_ptr + rows * H + h, tl.sum(Tinv * phi[:, None], 0), mask=mrow)
         offs = tl.arange(0, BK)
-        row = NG * chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN) + gi
-        tl.store(fs_ptr + (row * H + h) * BK + offs, tl.sum(tl.exp(lg)[:, None] * f, 0), mask=gi * G < n)
+        tl.store(fs_ptr + (((C // G) * row + gi) * H + h) * BK + offs, tl.sum(tl.exp(lg)[:, None] * f, 0),
+                 mask=gi * G < n)
 
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,

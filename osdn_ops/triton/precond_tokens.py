@@ -43,6 +43,18 @@ def token_coefs(kv, b, eta, eps, BETA_AWARE: tl.constexpr, AXIS: tl.constexpr = 
 
 
 @triton.jit
+def decay_logs(r, HAS_R: tl.constexpr, G: tl.constexpr):
+    """Exclusive / inclusive log cumsums ``(Gam_t, Gam_{t+1})`` of retention ``r [G]`` (zeros without)."""
+    if HAS_R:
+        logr = tl.log(r.to(tl.float32))
+        lgi = tl.cumsum(logr, 0)
+        return lgi - logr, lgi
+    else:
+        z = tl.zeros([G], tl.float32)
+        return z, z
+
+
+@triton.jit
 def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr, valid=True):
     """Key ``[BK]`` (fp32, zero-padded), beta and retention of token ``t`` (int64), head ``h``.
 
