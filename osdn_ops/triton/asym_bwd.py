@@ -117,10 +117,14 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
 
 
 @triton.jit
-def _chunk_rows(c, table, cu):
-    """Chunk-table row ``c``: first token (int64), length (<= 0: no chunk), row index ``i [64]``,
-    valid-row mask and token rows."""
-    start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+def _chunk_rows(c, table, cu, T, NT, VARLEN: tl.constexpr):
+    """Grid chunk ``c`` (a chunk-table row with ``VARLEN``, else chunk ``c % NT`` of batch row ``c // NT``;
+    either way the chunk's row of the state tensors): first token (int64), length (<= 0: no chunk),
+    row index ``i [64]``, valid-row mask and token rows."""
+    if VARLEN:
+        start, L, _ = chunk_span(c, 0, cu, table, 0, 0, 64, True)
+    else:
+        start, L, _ = chunk_span(c % NT, c // NT, cu, table, T, NT, 64, False)
     i = tl.arange(0, 64)
     return start, L, i, i < L, start + i
 
@@ -135,11 +139,11 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 
 
 @triton.jit
-def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
-              BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr):
+def _dv_local(q, kt, G, do, dvl, table, cu, T, NT, scale, H, K, V,
+              BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr):
     """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
     c, hh = tl.program_id(0), tl.program_id(1)
-    start, L, i, rm, rows = _chunk_rows(c, table, cu)
+    start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
         return
     P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC)
@@ -151,8 +155,9 @@ def _dv_local(q, kt, G, do, dvl, table, cu, scale, H, K, V,
 
 
 @triton.jit
-def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
-        V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
+def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
+        V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr,
+        VARLEN: tl.constexpr):
     """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0.
 
     HALF: the products read half-precision operands (the inputs' own q, kt, W and dO; the fp32 state
@@ -162,10 +167,15 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K,
     nh = tl.program_id(1)
     n = nh // H
     hh = nh % H
-    bos = tl.load(cu + n)
-    eos = tl.load(cu + n + 1)
+    if VARLEN:
+        bos = tl.load(cu + n)
+        eos = tl.load(cu + n + 1)
+        f0 = tl.load(first + n)
+    else:
+        bos = n.to(tl.int64) * T
+        eos = bos + T
+        f0 = n.to(tl.int64) * NT
     nc = tl.cdiv(eos - bos, 64)
-    f0 = tl.load(first + n)
     i = tl.arange(0, 64)
     ak = tl.arange(0, BK)
     km = ak < K
@@ -267,8 +277,8 @@ def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
 
 @triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg,
-          table, cu, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr,
-          HALF: tl.constexpr, FAR: tl.constexpr):
+          table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
+          PREC: tl.constexpr, HALF: tl.constexpr, FAR: tl.constexpr, VARLEN: tl.constexpr):
     """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg), in two passes over V that keep few
     ``[64, K]`` tiles alive: (1) the state and score terms (dq final, dkt's first part), (2) the WY
     terms (dv, dk, the rest of dkt, dbeta, dg). Channel gate: launched twice; ``FAR = False`` takes
@@ -276,7 +286,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     ``FAR = True`` the others (channel by channel, :func:`_channel_far`), so the common near case
     compiles without the per-channel loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
-    start, L, i, rm, rows = _chunk_rows(c, table, cu)
+    start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
         return
     if GATE == 2:
@@ -399,13 +409,12 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
         return (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k_tilde), torch.zeros_like(v), dg,
                 torch.zeros_like(beta), dht.float().clone().contiguous())
     GATE = GATE_CODE[gate]
-    # the backward kernels see every input as packed sequences (B rows of T tokens: B sequences) with
-    # int64 offsets; the recompute stages run on the forward's own grid
-    cu = (torch.arange(B + 1, device=dev, dtype=torch.int64) * T if cu_seqlens is None
-          else cu_seqlens.to(torch.int64))
-    packed = chunk_layout(cu, 1, B * T)
-    table, first, M = packed.table, packed.first, packed.n_chunks
     lay = chunk_layout(cu_seqlens, B, T)
+    VARLEN = lay.varlen
+    # grid chunk c: a chunk-table row (varlen, int64 offsets), else chunk c % NT of batch row c // NT
+    M = lay.n_chunks if VARLEN else B * lay.NT
+    cu = cu_seqlens.to(torch.int64) if VARLEN else q
+    table, first = (lay.table, lay.first) if VARLEN else (q, q)
     G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
     Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
     BK = block(K)
@@ -421,21 +430,23 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
 
     f32 = dict(dtype=torch.float32, device=dev)
     dvl = torch.empty(B, T, H, V, **work)
-    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, scale, H, K, V, BK, min(64, block(V)), GATE, PREC,
-                      num_warps=4)
+    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)), GATE,
+                      PREC, VARLEN, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
     # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200)
     stages = DH_STAGES if HALF and BK <= 128 else 1
-    _dh[(triton.cdiv(V, DH_BV), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, scale, H, K, V,
-                                        BK, DH_BV, GATE, PREC, HALF, num_warps=DH_WARPS, num_stages=stages)
+    _dh[(triton.cdiv(V, DH_BV), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H,
+                                        K, V, BK, DH_BV, GATE, PREC, HALF, VARLEN, num_warps=DH_WARPS,
+                                        num_stages=stages)
     del dvl
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
     BV = 32 if BK > 128 else min(64, block(V))
     for far in (False, True) if GATE == 2 else (False,):
-        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu,
-                      scale, H, K, V, BK, BV, GATE, PREC, HALF, far, num_warps=DQKV_WARPS, num_stages=1)
+        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu, T,
+                      lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, far, VARLEN, num_warps=DQKV_WARPS,
+                      num_stages=1)
     return dq, dk, dkt, dv, dg, dbeta, dh0
