@@ -12,7 +12,10 @@ error. Implementations:
   their rows name the fla function, and the ratios compare each of our ops with its best peer.
 
 Timing: ``triton.testing.do_bench(warmup=25, rep=200, return_mode="median")`` on CUDA, after one
-untimed call; the median of a few wall-clock runs on the CPU.
+untimed call; the median of a few wall-clock runs on the CPU. On CUDA the table also gives the
+forward+backward's kernel time (the sum of its kernels' device times, from the profiler, per call):
+where it is well below the wall time, the step is bound by the host (launches, autograd), not by
+the kernels.
 """
 from __future__ import annotations
 
@@ -256,6 +259,7 @@ class Row:
     shape: str
     fwd: float = float("nan")
     fwd_bwd: float = float("nan")
+    gpu_fwd_bwd: float = float("nan")
     err: float = float("nan")
     peak_gib: float = float("nan")
     note: str = ""
@@ -290,6 +294,7 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
             step()
             torch.cuda.synchronize()
             row.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
+            row.gpu_fwd_bwd = sum(kernel_times(step).values())
     except Exception as e:  # fla refuses some backward passes on some GPUs: report, don't hide
         row.note = f"bwd refused: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
     if check:
@@ -312,12 +317,14 @@ def _ratio(row: Row, rows: list[Row], attr: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    head = "| op | impl | shape | fwd ms | fwd+bwd ms | fwd / best peer | fwd+bwd / best peer | max rel err | peak GiB | note |"
-    lines = [head, "|" + "---|" * 10]
+    head = ("| op | impl | shape | fwd ms | fwd+bwd ms | fwd / best peer | fwd+bwd / best peer | fwd+bwd kernel ms | "
+            "kernel ms / best peer | max rel err | peak GiB | note |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         fmt = lambda v, f: "" if v != v else format(v, f)  # noqa: E731  (NaN -> empty)
         lines.append(f"| {r.op} | {r.impl} | {r.shape} | {fmt(r.fwd, '.3f')} | {fmt(r.fwd_bwd, '.3f')} | "
-                     f"{_ratio(r, rows, 'fwd')} | {_ratio(r, rows, 'fwd_bwd')} | {fmt(r.err, '.1e')} | "
+                     f"{_ratio(r, rows, 'fwd')} | {_ratio(r, rows, 'fwd_bwd')} | {fmt(r.gpu_fwd_bwd, '.3f')} | "
+                     f"{_ratio(r, rows, 'gpu_fwd_bwd')} | {fmt(r.err, '.1e')} | "
                      f"{fmt(r.peak_gib, '.2f')} | {r.note} |")
     return "\n".join(lines)
 

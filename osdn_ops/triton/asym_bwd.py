@@ -444,7 +444,9 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
 
     dv = torch.empty_like(v)
     dq, dk, dkt, dbeta = (torch.empty_like(x) for x in (q, k, k_tilde, beta))
-    BV = 32 if BK > 128 else min(64, block(V))
+    # 32-wide V blocks for K = 256 (register limit) and for the channel gate with V >= 32 (10-12% faster on
+    # S1/S2 than 64-wide, benchmarks/RESULTS.md); the other gates are faster with 64-wide ones
+    BV = 32 if BK > 128 or (GATE == 2 and V >= 32) else min(64, block(V))
     for far in (False, True) if GATE == 2 else (False,):
         _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu, T,
                       lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, far, VARLEN, num_warps=DQKV_WARPS,
