@@ -70,15 +70,15 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
                dr=dr if retention is not None else dummy)
     flags_v = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware))
     if parallel:
-        M, w0, Mb, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde)
+        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde)
     else:
-        M = w0 = Mb = h0 = fs = dummy
+        M = w0 = Mb = Mbc = h0 = fs = dummy
     _, _, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
                                      store_kt=False, keep=True, scratch=(M, w0) if parallel else None)
     gck = torch.empty_like(ckpt) if parallel else dummy
     traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
     _adjoint_kernel[(N, H)](
-        dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mb, h0, fs,
+        dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mbc, fs,
         flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
         T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
         BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)

@@ -4,9 +4,8 @@
 Notation of ``precond_parallel``. Per group, with ``s_t = k_t^2`` and ``e_t = exp(Gam_end - Gam_{t+1})``:
 
 * forward (``chain_step``): ``p = S d``, ``w = w0 - M p``, ``d_end = exp(Gam_end) d + sum_t e_t w_t s_t``;
-* adjoint (``adjoint_step``, groups in reverse): ``q = S g``, ``sigma = h0 + Mb q``,
-  ``g_start = exp(Gam_end) g + fsum - sum_t c_t b_t exp(Gam_t) sigma_t s_t``, where
-  ``fsum = sum_t exp(Gam_t) dk_tilde_t * k_t`` comes from the precompute.
+* adjoint (``adjoint_step``, groups in reverse): ``q = S g``, ``u = Mbc q``,
+  ``g_start = exp(Gam_end) g + fsum - sum_t u_t s_t``, with ``Mbc`` and ``fsum`` from the precompute.
 
 Each is three short dependent reductions. The forward chain applies no clamp: it writes ``d`` at every
 group start (``ckpt``) and a provisional ``d_final``; the output pass (``precond_fwd``) checks every
@@ -23,13 +22,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .precond_tokens import decay_logs, load_d0, sequence_bounds, token_coefs, tokens_adjoint
+from .precond_tokens import decay_logs, load_d0, sequence_bounds, tokens_adjoint
 
 
 @triton.jit
-def raw_rows(k_ptr, x_ptr, y_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
-    """Keys ``[G, BK]``, a ``[G, G]`` fp32 per-row matrix (M or Mb) and a ``[G]`` fp32 per-row vector
-    (w0 or h0) of tokens ``[t0, min(t0 + G, t1))``, unconverted; zeros past the end."""
+def raw_rows(k_ptr, x_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
+    """Keys ``[G, BK]`` and a ``[G, G]`` fp32 per-row matrix (M or Mbc) of tokens ``[t0, min(t0 + G, t1))``,
+    unconverted; zeros past the end."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
     rows = t0 + ci
@@ -37,13 +36,12 @@ def raw_rows(k_ptr, x_ptr, y_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.const
     kv = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :], mask=mrow[:, None] & (offs < K)[None, :],
                  other=0.0)
     x = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-    y = tl.load(y_ptr + rows * H + h, mask=mrow, other=0.0)
-    return kv, x, y
+    return kv, x
 
 
 @triton.jit
 def raw_scalars(ptr, t0, t1, h, H, other, G: tl.constexpr):
-    """``[G]`` per-token values (beta or retention) of tokens ``[t0, min(t0 + G, t1))``; ``other`` past the end."""
+    """``[G]`` per-token values (w0 or retention) of tokens ``[t0, min(t0 + G, t1))``; ``other`` past the end."""
     rows = t0 + tl.arange(0, G)
     return tl.load(ptr + rows * H + h, mask=rows < t1, other=other)
 
@@ -60,16 +58,14 @@ def chain_step(d, kv, M, w0, r, HAS_R: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def adjoint_step(g, kv, Mb, h0, b, r, fsum, eta, eps, BETA_AWARE: tl.constexpr, HAS_R: tl.constexpr,
-                 G: tl.constexpr):
-    """The gradient at a group's start from ``g`` at its end (raw inputs; ``b`` beta, 0 past the end)."""
-    kf = kv.to(tl.float32)
-    s, n2, nb, c, bb = token_coefs(kf, b.to(tl.float32), eta, eps, BETA_AWARE, 1)
+def adjoint_step(g, kv, Mbc, r, fsum, HAS_R: tl.constexpr, G: tl.constexpr):
+    """The gradient at a group's start from ``g`` at its end (raw inputs, zeros past the end)."""
+    s = kv.to(tl.float32) * kv.to(tl.float32)
     q = tl.sum(s * g[None, :], 1)
-    sigma = h0 + tl.sum(Mb * q[None, :], 1)
+    u = tl.sum(Mbc * q[None, :], 1)
     lg, lgi = decay_logs(r, HAS_R, G)
     lg_end = tl.sum(lgi - lg, 0)
-    return tl.exp(lg_end) * g + fsum - tl.sum((c * bb * tl.exp(lg) * sigma)[:, None] * s, 0)
+    return tl.exp(lg_end) * g + fsum - tl.sum(u[:, None] * s, 0)
 
 
 @triton.jit
@@ -84,7 +80,8 @@ def chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i, h, H, K, HAS_R: tl.const
               BK: tl.constexpr):
     """Raw inputs of forward group ``i``: keys, M, w0, retention (ones without)."""
     t0, t1 = group_bounds(bos, eos, i, G)
-    kv, m, w0 = raw_rows(k_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, G, BK)
+    kv, m = raw_rows(k_ptr, m_ptr, t0, t1, h, H, K, G, BK)
+    w0 = raw_scalars(w0_ptr, t0, t1, h, H, 0.0, G)
     if HAS_R:
         r = raw_scalars(r_ptr, t0, t1, h, H, 1.0, G)
     else:
@@ -93,20 +90,19 @@ def chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i, h, H, K, HAS_R: tl.const
 
 
 @triton.jit
-def adjoint_raw(k_ptr, mb_ptr, h0_ptr, beta_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i, h, H, K,
-                HAS_R: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Raw inputs of adjoint group ``i``: keys, Mb, h0, beta, retention, fsum and its chunk's flag
-    (zeros for ``i < 0``)."""
+def adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i, h, H, K, HAS_R: tl.constexpr,
+                C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """Raw inputs of adjoint group ``i``: keys, Mbc, retention, fsum and its chunk's flag (zeros for
+    ``i < 0``)."""
     t0, t1 = group_bounds(bos, eos, i, G)
-    kv, mb, h0 = raw_rows(k_ptr, mb_ptr, h0_ptr, t0, t1, h, H, K, G, BK)
-    b = raw_scalars(beta_ptr, t0, t1, h, H, 0.0, G)
+    kv, mbc = raw_rows(k_ptr, mbc_ptr, t0, t1, h, H, K, G, BK)
     if HAS_R:
         r = raw_scalars(r_ptr, t0, t1, h, H, 1.0, G)
     else:
         r = tl.full([G], 1.0, tl.float32)
     f = tl.load(fs + i * H * BK + tl.arange(0, BK), mask=i >= 0, other=0.0)
     fl = tl.load(flag_ptr + (slot + i // (C // G)) * H + h, mask=i >= 0, other=0)
-    return kv, mb, h0, b, r, f, fl
+    return kv, mbc, r, f, fl
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
@@ -132,7 +128,7 @@ def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_pt
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
-def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, h0_ptr, fs_ptr, flag_ptr, dk_ptr,
+def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mbc_ptr, fs_ptr, flag_ptr, dk_ptr,
                     dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps,
                     HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                     C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
@@ -141,7 +137,7 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, h0
     ``PARALLEL``: the adjoint chain, writing ``g`` at each group's end to ``gck`` (rows as ``ckpt``), and
     the token loop for the chunks ``flag`` marks (chunk rows ``slot + j``); they get their token gradients
     here. Otherwise every chunk runs the token loop. ``ckpt``: ``d`` at group starts (the forward's);
-    ``traj`` ``[N*H, C, BK]`` scratch; ``mb``, ``h0``, ``fs``: the precompute's adjoint terms."""
+    ``traj`` ``[N*H, C, BK]`` scratch; ``mbc``, ``fs``: the precompute's adjoint terms for the chain."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -155,14 +151,14 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, h0
         gck = gck_ptr + (NG * slot * H + h) * BK
         fs = fs_ptr + (NG * slot * H + h) * BK
         ng = (eos - bos + G - 1) // G
-        ka, ma, ha, ba, ra, fa, la = adjoint_raw(k_ptr, mb_ptr, h0_ptr, beta_ptr, r_ptr, fs, flag_ptr, bos, eos, slot,
-                                                 ng - 1, h, H, K, HAS_R, C, G, BK)
-        kb, mb, hb, bb, rb, fb, lb = adjoint_raw(k_ptr, mb_ptr, h0_ptr, beta_ptr, r_ptr, fs, flag_ptr, bos, eos, slot,
-                                                 ng - 2, h, H, K, HAS_R, C, G, BK)
+        ka, ma, ra, fa, la = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, ng - 1, h, H, K, HAS_R,
+                                         C, G, BK)
+        kb, mb, rb, fb, lb = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, ng - 2, h, H, K, HAS_R,
+                                         C, G, BK)
         for ii in range(0, ng):
             i = ng - 1 - ii
-            kc, mc, hc, bc, rc, fc, lc = adjoint_raw(k_ptr, mb_ptr, h0_ptr, beta_ptr, r_ptr, fs, flag_ptr, bos, eos,
-                                                     slot, i - 2, h, H, K, HAS_R, C, G, BK)
+            kc, mc, rc, fc, lc = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i - 2, h, H, K,
+                                             HAS_R, C, G, BK)
             if la != 0:
                 if (i % NG == NG - 1) | (i == ng - 1):          # the chunk's last group: the whole chunk
                     j = i // NG
@@ -172,9 +168,9 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, h0
                                        eps, HAS_R, BETA_AWARE, G, BK)
             else:
                 tl.store(gck + i * H * BK + offs, g)
-                g = adjoint_step(g, ka, ma, ha, ba, ra, fa, eta, eps, BETA_AWARE, HAS_R, G)
-            ka, ma, ha, ba, ra, fa, la = kb, mb, hb, bb, rb, fb, lb
-            kb, mb, hb, bb, rb, fb, lb = kc, mc, hc, bc, rc, fc, lc
+                g = adjoint_step(g, ka, ma, ra, fa, HAS_R, G)
+            ka, ma, ra, fa, la = kb, mb, rb, fb, lb
+            kb, mb, rb, fb, lb = kc, mc, rc, fc, lc
     else:
         nc = (eos - bos + C - 1) // C
         for jj in range(0, nc):

@@ -32,11 +32,13 @@ state at the group's end, ``f_t = dk_tilde_t * k_t`` and ``sigma_t = <g_{t+1}, s
     (I + L^T) sigma = exp(Gam_end - Gam_{t+1}) * (S g_e) + Phi,
     Phi_t = sum_{j>t} exp(Gam_j - Gam_{t+1}) <s_t, f_j>
 
-so ``sigma = Mb (S g_e) + h0`` with ``Mb = Tinv^T diag(exp(Gam_end - Gam_{t+1}))``, ``h0 = Tinv^T Phi``
-(the backward precompute writes both, and ``fsum = sum_j exp(Gam_j) f_j`` per group), and
-``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j b_j sigma_j s_j``: again three
-short dependent steps per group, which ``group_adjoint`` extends to every ``g_{t+1}`` of the group and
-the token gradients.
+so ``sigma = Mb (S g_e) + h0`` with ``Mb = Tinv^T diag(exp(Gam_end - Gam_{t+1}))``, ``h0 = Tinv^T Phi``,
+and ``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j b_j sigma_j s_j``. With
+``a_t = c_t b_t exp(Gam_t)`` that is ``g_start = exp(Gam_end) g_e + fsum - S^T (Mbc (S g_e))``, where
+``Mbc = diag(a) Mb`` and ``fsum = sum_j exp(Gam_j) f_j - sum_j a_j h0_j s_j`` do not depend on ``g_e``: the
+backward precompute writes ``Mb``, ``h0`` (for the token gradients), ``Mbc`` and ``fsum`` (for the chain), so
+the chain's step is three short dependent reductions with no per-token coefficients to form. ``group_adjoint``
+extends the step to every ``g_{t+1}`` of the group and the token gradients.
 """
 from __future__ import annotations
 
@@ -107,13 +109,13 @@ PRECOMPUTE_WARPS = {False: 1, True: 1}
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
-def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, fs_ptr, T,
-                       NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
-                       ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr,
-                       BK: tl.constexpr):
+def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, mbc_ptr, h0_ptr,
+                       fs_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr,
+                       BETA_AWARE: tl.constexpr, ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                       LOG2G: tl.constexpr, BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: writes the group's ``M`` rows and ``w0``, and with
-    ``ADJOINT`` its ``Mb`` rows, ``h0`` and ``fsum = sum_t exp(Gam_t) dk_tilde_t * k_t`` (``[BK]`` fp32 at
-    row ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
+    ``ADJOINT`` its ``Mb`` and ``Mbc`` rows, ``h0`` and ``fsum`` (``[BK]`` fp32 at row
+    ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     ci = tl.arange(0, G)
     lower = ci[:, None] > ci[None, :]
@@ -136,36 +138,41 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
         up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
         phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
         lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
-        tl.store(mb_ptr + rg, tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :], mask=mrow[:, None])
-        tl.store(h0_ptr + rows * H + h, tl.sum(Tinv * phi[:, None], 0), mask=mrow)
+        Mb = tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :]
+        a = c * bb * tl.exp(lg)
+        tl.store(mb_ptr + rg, Mb, mask=mrow[:, None])
+        tl.store(mbc_ptr + rg, a[:, None] * Mb, mask=mrow[:, None])
+        h0 = tl.sum(Tinv * phi[:, None], 0)
+        tl.store(h0_ptr + rows * H + h, h0, mask=mrow)
         offs = tl.arange(0, BK)
-        tl.store(fs_ptr + (((C // G) * row + gi) * H + h) * BK + offs, tl.sum(tl.exp(lg)[:, None] * f, 0),
-                 mask=gi * G < n)
+        tl.store(fs_ptr + (((C // G) * row + gi) * H + h) * BK + offs,
+                 tl.sum(tl.exp(lg)[:, None] * f - (a * h0)[:, None] * s, 0), mask=gi * G < n)
 
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,
                eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None) -> tuple[Tensor, ...]:
     """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts);
-    with ``dk_tilde`` also the adjoint's ``(Mb [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``."""
+    with ``dk_tilde`` also the adjoint's ``(Mb, Mbc [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``."""
     B, T, H, K = k.shape
     BK = block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     M, w0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
     adjoint = dk_tilde is not None
     if adjoint:
-        Mb, h0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
+        Mb, Mbc = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, GROUP, **f32)
+        h0 = torch.empty(B * T, H, **f32)
         fs = torch.empty(flag_slots(k, cu_seqlens) * (CHUNK // GROUP), H, BK, **f32)
     else:
-        Mb, h0, fs = M, w0, M
+        Mb, Mbc, h0, fs = M, M, w0, M
     lay = chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H > 0:
         _precompute_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
-            cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, h0,
-            fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+            cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, Mbc,
+            h0, fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
             BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=CHUNK, G=GROUP, LOG2G=GROUP.bit_length() - 1, BK=BK,
             num_warps=PRECOMPUTE_WARPS[adjoint])
-    return (M, w0, Mb, h0, fs) if adjoint else (M, w0)
+    return (M, w0, Mb, Mbc, h0, fs) if adjoint else (M, w0)
 
 
 @triton.jit
