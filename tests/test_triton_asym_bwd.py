@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import osdn_ops.triton as ot
 from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
+from osdn_ops.triton import asym_chunks
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 
 from .inputs import asym_problem, rel_rms
@@ -112,6 +113,15 @@ def test_dense_backward_equals_packed(gate):
                             pk["beta"], flat["initial_state"], torch.tensor([0, 70, 140]), 0.37, gate)
     for name, a, b in zip(["q", "k", "k_tilde", "v", "g", "beta", "initial_state"], dense, packed):
         torch.testing.assert_close(a.reshape(b.shape), b, rtol=1e-6, atol=1e-6, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_narrow_recurrence_blocks(gate, monkeypatch):
+    """Where few (sequence, head) pairs would leave SMs idle, the state recurrences run 32-wide V blocks
+    (``fill_block_v``): forced here by a GPU of many SMs, every gradient still matches the oracle."""
+    monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 10 ** 6)
+    assert asym_chunks.fill_block_v(16, 96, 4, 64, torch.device("cpu")) == 32
+    _check(gate, _problem(gate, 70, K=16, V=96, seed=3))
 
 
 # ---------------------------------------------------------------- GPU

@@ -43,11 +43,11 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span
+from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 
 
-#: launch of the reverse recurrence ``_dh``: warps, stages, V block
+#: launch of the reverse recurrence ``_dh``: warps, stages, V block (halved where few programs: ``fill_block_v``)
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
 #: warps of ``_dqkv``
 DQKV_WARPS = 8
@@ -437,9 +437,9 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
     # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200)
     stages = DH_STAGES if HALF and BK <= 128 else 1
-    _dh[(triton.cdiv(V, DH_BV), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H,
-                                        K, V, BK, DH_BV, GATE, PREC, HALF, VARLEN, num_warps=DH_WARPS,
-                                        num_stages=stages)
+    BVH = fill_block_v(K, V, N * H, DH_BV, dev)
+    _dh[(triton.cdiv(V, BVH), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H, K,
+                                      V, BK, BVH, GATE, PREC, HALF, VARLEN, num_warps=DH_WARPS, num_stages=stages)
     del dvl
 
     dv = torch.empty_like(v)

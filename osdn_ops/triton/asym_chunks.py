@@ -12,6 +12,7 @@ Gate modes (constexpr ``GATE``): 0 = "none", 1 = "scalar" (``G [B,T,H]``), 2 = "
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -68,6 +69,24 @@ def block(d: int) -> int:
     (compute-sanitizer memcheck; an illegal memory access without it). 64-wide tiles are the
     shape every benchmark runs; the extra columns are masked."""
     return max(64, triton.next_power_of_2(d))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def fill_block_v(K: int, V: int, NH: int, bv: int, device: torch.device) -> int:
+    """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
+    two, at most ``block(V)``), halved down to 32 while its ``NH * cdiv(V, bv)`` programs leave SMs idle.
+
+    On the H200, S2's 64 programs of 64-wide blocks ran ``chunk_states`` 6-11% and ``_dh`` 15-35% slower than
+    128 programs of 32-wide ones; S1's 256 programs were faster 64-wide (benchmarks/RESULTS.md). Only for
+    K <= 128: with 256-wide K tiles, ``_dh`` with 32-wide V blocks read shared memory out of bounds in bf16
+    (compute-sanitizer memcheck, H200, Triton 3.6)."""
+    while K <= 128 and bv > 32 and V > bv // 2 and NH * triton.cdiv(V, bv) < _sm_count(torch.device(device)):
+        bv //= 2
+    return bv
 
 
 def operand_type(dtype: torch.dtype):

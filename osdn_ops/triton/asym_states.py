@@ -16,7 +16,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, load_tile, mma, operand_type, store_tile
+from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, fill_block_v, load_tile, mma,
+                          operand_type, store_tile)
 
 
 @triton.jit
@@ -73,7 +74,8 @@ def _states_kernel(kt, W, U, G, h, vnew, h0, ht, cu, first, T, NT, H, K: tl.cons
     tl.store(ht + sbase + soff, S, mask=smask)
 
 
-#: launch settings of the state kernel: V block, warps, stages (best of a sweep on S1, H200)
+#: launch settings of the state kernel: V block (halved where few programs: ``fill_block_v``), warps, stages (best of a
+#: sweep on S1, H200)
 STATES_CONFIG = dict(block_v=64, num_warps=4, num_stages=2)
 
 
@@ -101,7 +103,7 @@ def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], ini
     if N * H == 0:
         return h, v_new, final
     cfg = STATES_CONFIG
-    BV = min(block(V), cfg["block_v"])
+    BV = fill_block_v(K, V, N * H, min(block(V), cfg["block_v"]), W.device)
     _states_kernel[(triton.cdiv(V, BV), N * H)](
         k_tilde, W, U, k_tilde if G is None else G, h, v_new, initial_state, final, lay.cu, lay.first, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
