@@ -70,8 +70,8 @@ def _knobs():
 
 
 def parts(name: str = "S1") -> list[str]:
-    """Where the parallel form's time goes on one shape: each kernel's ms per forward+backward (profiler),
-    then forward and backward ms at each launch setting (one changed at a time; every setting's outputs
+    """Where the parallel form's time goes on one shape: each kernel's ms per forward and per backward
+    (profiler), then forward and backward ms at each launch setting (one changed at a time; every setting's outputs
     and gradients are compared with the shipped one's)."""
     p = make_problem(name, GPU_SHAPES[name], "cuda")
     args = _args(p)
@@ -79,11 +79,11 @@ def parts(name: str = "S1") -> list[str]:
     gk, gd = torch.randn_like(kt0), torch.randn_like(df0)
     g0 = tp.precond_scan_bwd(gk, gd, *args, form="parallel")
 
-    def fwd_bwd():
-        tp.precond_scan_fwd(*args, form="parallel")
-        tp.precond_scan_bwd(gk, gd, *args, form="parallel")
-    per_kernel = "  ".join(f"{k[:32]} {t:.3f}" for k, t in kernel_times(fwd_bwd).items())
-    lines = [f"{name} parallel form, ms per forward+backward: {per_kernel}"]
+    lines = []
+    for part, fn in (("forward", lambda: tp.precond_scan_fwd(*args, form="parallel")),
+                     ("backward", lambda: tp.precond_scan_bwd(gk, gd, *args, form="parallel"))):
+        per_kernel = "  ".join(f"{k[:32]} {t:.3f}" for k, t in kernel_times(fn).items())
+        lines.append(f"{name} parallel form, ms per {part}: {per_kernel}")
     for knob, (set_to, choices, shipped) in _knobs().items():
         res = []
         for v in choices:
