@@ -164,15 +164,16 @@ def seqlens(draw, *, max_seqs: int = 4, max_len: int = 40) -> tuple[int, ...]:
 
 @st.composite
 def shapes(draw, *, max_batch: int = 2, max_T: int = 80, max_heads: int = 2, min_dim: int = 16,
-           max_dim: int = 32, varlen: Optional[bool] = None, max_seqs: int = 4) -> Shape:
-    """Sizes of a problem. ``T`` includes 1 and values around 64; ``K`` and ``V`` are any integer
-    in ``[min_dim, max_dim]`` (not only powers of two). ``varlen`` None draws it; with it
+           max_dim: int = 32, dim_multiple: int = 1, varlen: Optional[bool] = None, max_seqs: int = 4) -> Shape:
+    """Sizes of a problem. ``T`` includes 1 and values around 64; ``K`` and ``V`` are any multiple of
+    ``dim_multiple`` in ``[min_dim, max_dim]`` (not only powers of two). ``varlen`` None draws it; with it
     ``B == 1`` and ``lengths`` sum to T (each at most ``max_T // max_seqs``, at least 1)."""
     if varlen is None:
         varlen = draw(st.booleans())
     H = draw(st.integers(1, max_heads))
-    K = draw(st.integers(min_dim, max_dim))
-    V = draw(st.integers(min_dim, max_dim))
+    dims = st.integers(-(-min_dim // dim_multiple), max_dim // dim_multiple).map(lambda i: i * dim_multiple)
+    K = draw(dims)
+    V = draw(dims)
     if varlen:
         lengths = draw(seqlens(max_seqs=max_seqs, max_len=max(1, max_T // max_seqs)))
         return Shape(1, sum(lengths), H, K, V, lengths)
