@@ -94,9 +94,11 @@ def _fla(p):
                     reason="needs CUDA and fla")
 @few()
 @given(problems(k_tilde="same", key_norm="unit", dtype=st.just(torch.bfloat16),
-                shape=shapes(min_dim=64, max_dim=128, dim_multiple=16, max_T=300, max_heads=4),
+                shape=shapes(min_dim=64, max_dim=128, dim_multiple=64, max_T=300, max_heads=2),
                 device="cuda"))
 def test_asym_with_k_matches_fla(p):
+    """The symmetric parent as fla computes it. K, V in {64, 128} and at most two heads: fla compiles and
+    tunes its kernels for each new shape (about a minute for the first few examples on the H200)."""
     o, state = p.run(osdn_ops)
     o_fla, state_fla = _fla(p)
     errs = Errors("reduction_fla")
