@@ -69,12 +69,13 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     opt = dict(r=retention if retention is not None else dummy, cu=cu_seqlens if cu_seqlens is not None else dummy,
                dr=dr if retention is not None else dummy)
     flags_v = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware))
+    lay = chunk_layout(cu_seqlens, B, T) if parallel else None
     if parallel:
-        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde)
+        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay)
     else:
         M = w0 = Mb = Mbc = h0 = fs = dummy
     _, _, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
-                                     store_kt=False, keep=True, scratch=(M, w0) if parallel else None)
+                                     store_kt=False, keep=True, scratch=(M, w0) if parallel else None, layout=lay)
     gck = torch.empty_like(ckpt) if parallel else dummy
     traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
     _adjoint_kernel[(N, H)](
@@ -83,7 +84,6 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
         T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
         BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)
     if parallel:
-        lay = chunk_layout(cu_seqlens, B, T)
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, Mb, h0,
             flags, ckpt, gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(d_min), float(d_max),

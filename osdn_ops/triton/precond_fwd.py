@@ -96,14 +96,15 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
 
 
 def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel, *,
-                 store_kt=True, keep=False, scratch=None, flags=None):
+                 store_kt=True, keep=False, scratch=None, flags=None, layout=None):
     """Launch the forward: ``(k_tilde or None, d_final, flags, ckpt)``.
 
     ``flags [flag_slots, H]`` int32 (1: the chunk ran the token loop) and ``ckpt [4 * flag_slots, H, BK]``
     fp32 (``d`` at every group start) come from the parallel form; the token form gives no flags, and the
     checkpoints only with ``keep``. ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when
     None and ``parallel``); ``flags``: a tensor to fill instead of a new zeroed one (parallel form; the
-    flags of existing chunks become the maximum of their value and 0 or 1).
+    flags of existing chunks become the maximum of their value and 0 or 1); ``layout``: the inputs'
+    ``chunk_layout`` (built here when None).
     """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
@@ -122,11 +123,12 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
                cu=cu_seqlens if cu_seqlens is not None else dummy)
     flags_arg = flags if parallel else dummy
     if parallel:
-        M, w0 = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware) if scratch is None else scratch
+        lay = layout or chunk_layout(cu_seqlens, B, T)
+        M, w0 = (precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, layout=lay) if scratch is None
+                 else scratch)
         _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, T, H, K,
                               HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
                               C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
-        lay = chunk_layout(cu_seqlens, B, T)
         _out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, ckpt,
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),

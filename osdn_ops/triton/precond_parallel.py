@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import chunk_layout, chunk_span
+from .asym_chunks import ChunkLayout, chunk_layout, chunk_span
 from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, scan_tokens, token_coefs
 
 
@@ -150,7 +150,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
 
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,
-               eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+               eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None,
+               layout: Optional[ChunkLayout] = None) -> tuple[Tensor, ...]:
     """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts);
     with ``dk_tilde`` also the adjoint's ``(Mb, Mbc [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``."""
     B, T, H, K = k.shape
@@ -164,7 +165,7 @@ def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens:
         fs = torch.empty(flag_slots(k, cu_seqlens) * (CHUNK // GROUP), H, BK, **f32)
     else:
         Mb, Mbc, h0, fs = M, M, w0, M
-    lay = chunk_layout(cu_seqlens, B, T)
+    lay = layout or chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H > 0:
         _precompute_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
