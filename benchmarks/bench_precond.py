@@ -2,8 +2,9 @@
 
 Usage: ``PYTHONPATH=. python benchmarks/bench_precond.py OUT.md`` (CUDA). Shapes S1, S2, S3 and
 S1-clamp of BENCH.md (bf16 keys, default hyperparameters; S1-clamp: vocabulary keys, eta 0.5).
-Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly;
-the fallback share is the share of (chunk, head) pairs the parallel form ran token by token.
+Times are medians of ``triton.testing.do_bench(warmup=25, rep=200)`` in ms, kernels called directly
+(the backward from the forward's residuals); the fallback share is the share of (chunk, head) pairs
+the parallel form ran token by token.
 Prints the markdown table and writes it to OUT.md, followed by S1's time per kernel of the parallel form
 and its forward and backward at each launch setting.
 """
@@ -41,8 +42,9 @@ def measure(name: str) -> list[str]:
     gk, gd = torch.randn_like(kt), torch.randn_like(df)
     res = {}
     for form in FORMS:
-        fwd = _ms(lambda: tp.precond_scan_fwd(*args, form=form))
-        both = _ms(lambda: (tp.precond_scan_fwd(*args, form=form), tp.precond_scan_bwd(gk, gd, *args, form=form)))
+        fwd = _ms(lambda: tp.precond_scan_fwd(*args, form=form, save=True))
+        both = _ms(lambda: tp.precond_scan_bwd(gk, gd, *args, form=form,
+                                               saved=tp.precond_scan_fwd(*args, form=form, save=True)[2:]))
         res[form] = (fwd, both)
     share = tp.precond_fallback_share(p.k, p.beta, None, None, p.cu_seqlens, **p.hp)
     (tf, tb), (pf, pb) = res["tokens"], res["parallel"]
@@ -75,24 +77,24 @@ def parts(name: str = "S1") -> list[str]:
     and gradients are compared with the shipped one's)."""
     p = make_problem(name, GPU_SHAPES[name], "cuda")
     args = _args(p)
-    kt0, df0 = tp.precond_scan_fwd(*args, form="parallel")
+    kt0, df0, *saved = tp.precond_scan_fwd(*args, form="parallel", save=True)
     gk, gd = torch.randn_like(kt0), torch.randn_like(df0)
-    g0 = tp.precond_scan_bwd(gk, gd, *args, form="parallel")
+    g0 = tp.precond_scan_bwd(gk, gd, *args, form="parallel", saved=saved)
 
     lines = []
-    for part, fn in (("forward", lambda: tp.precond_scan_fwd(*args, form="parallel")),
-                     ("backward", lambda: tp.precond_scan_bwd(gk, gd, *args, form="parallel"))):
+    for part, fn in (("forward", lambda: tp.precond_scan_fwd(*args, form="parallel", save=True)),
+                     ("backward", lambda: tp.precond_scan_bwd(gk, gd, *args, form="parallel", saved=saved))):
         per_kernel = "  ".join(f"{k[:32]} {t:.3f}" for k, t in kernel_times(fn).items())
         lines.append(f"{name} parallel form, ms per {part}: {per_kernel}")
     for knob, (set_to, choices, shipped) in _knobs().items():
         res = []
         for v in choices:
             set_to(v)
-            kt, df = tp.precond_scan_fwd(*args)
-            g = tp.precond_scan_bwd(gk, gd, *args)
+            kt, df, *sv = tp.precond_scan_fwd(*args, save=True)
+            g = tp.precond_scan_bwd(gk, gd, *args, saved=sv)
             same = max([_rel(kt, kt0), _rel(df, df0)] + [_rel(a, b) for a, b in zip(g[:3], g0[:3])])
-            fwd = _ms(lambda: tp.precond_scan_fwd(*args))
-            bwd = _ms(lambda: tp.precond_scan_bwd(gk, gd, *args))
+            fwd = _ms(lambda: tp.precond_scan_fwd(*args, save=True))
+            bwd = _ms(lambda: tp.precond_scan_bwd(gk, gd, *args, saved=sv))
             res.append(f"{v}: fwd {fwd:.3f} bwd {bwd:.3f}" + ("" if same < 1e-4 else f" (differs: {same:.1e})"))
         set_to(shipped)
         lines.append(f"{name} {knob} (shipped {shipped}): " + "; ".join(res))

@@ -40,7 +40,9 @@ def precond_scan(k: Tensor, beta: Tensor, d0: Optional[Tensor] = None, retention
     """
     hp = checks.precond_args(k, beta, d0, retention, eta=eta, d_min=d_min, d_max=d_max, eps=eps,
                              beta_aware=beta_aware, cu_seqlens=cu_seqlens)
-    return library.precond_scan(*checks.contiguous(k, beta, d0, retention, cu_seqlens), beta_aware=beta_aware, **hp)
+    k_tilde, d_final, _, _ = library.precond_scan(*checks.contiguous(k, beta, d0, retention, cu_seqlens),
+                                                  beta_aware=beta_aware, **hp)
+    return k_tilde, d_final
 
 
 def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, *,

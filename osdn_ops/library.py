@@ -14,9 +14,13 @@ recompiles.
 Op schemas (``gate`` names the variant: "none" delta, "scalar" gated, "channel" KDA)::
 
     precond_scan(k, beta, d0?, retention?, cu_seqlens?, *, eta, d_min, d_max, eps, beta_aware)
-        -> (k_tilde [B,T,H,K], d_final [N,H,K])
-    precond_scan_backward(dk_tilde, dd_final, k, beta, d0?, retention?, cu_seqlens?, *, ...)
+        -> (k_tilde [B,T,H,K], d_final [N,H,K], checkpoints, flags)
+    precond_scan_backward(dk_tilde, dd_final, k, beta, d0?, retention?, cu_seqlens?, checkpoints?, flags?, *, ...)
         -> (dk, dbeta, dd0 [N,H,K], dretention (retention's shape, or [0]))
+
+``checkpoints`` (fp32) and ``flags`` (int32) are what the Triton forward keeps for its backward
+(``osdn_ops.triton.precond.saved_shapes``); the reference kernels return them empty (``[0]``) and
+ignore them. ``osdn_ops.precond_scan`` returns only ``(k_tilde, d_final)``.
     chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale)
     chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
     chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
@@ -53,39 +57,69 @@ def _num_seqs(B, cu_seqlens: Opt):
 
 # ---------------------------------------------------------------- precond_scan
 
+def _no_saved(k):
+    return k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.int32)
+
+
+def _triton_path(k) -> bool:
+    return k.device.type == "cuda" and importlib.util.find_spec("triton") is not None
+
+
 @torch.library.custom_op("osdn::precond_scan", mutates_args=())
 def precond_scan(k: Tensor, beta: Tensor, d0: Opt, retention: Opt, cu_seqlens: Opt, *, eta: float,
-                 d_min: float, d_max: float, eps: float, beta_aware: bool) -> tuple[Tensor, Tensor]:
-    return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+                 d_min: float, d_max: float, eps: float,
+                 beta_aware: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    kt, dfin = reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+    return (kt, dfin) + _no_saved(k)
 
 
 @precond_scan.register_kernel("cuda")
 def _(k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
-    return _cuda_kernel("precond_scan_fwd")(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+    if not _triton_path(k):
+        kt, dfin = reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+        return (kt, dfin) + _no_saved(k)
+    from .triton import kernels
+
+    return kernels.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
+                                    save=True)
 
 
 @precond_scan.register_fake
 def _(k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
     B, T, H, K = k.shape
-    return torch.empty_like(k), k.new_empty((_num_seqs(B, cu_seqlens), H, K), dtype=state_dtype(k))
+    kt, dfin = torch.empty_like(k), k.new_empty((_num_seqs(B, cu_seqlens), H, K), dtype=state_dtype(k))
+    if not _triton_path(k):
+        return (kt, dfin) + _no_saved(k)
+    from .triton.precond import saved_shapes
+
+    ck, fl = saved_shapes(k, cu_seqlens)
+    return kt, dfin, k.new_empty(ck, dtype=torch.float32), k.new_empty(fl, dtype=torch.int32)
 
 
 @torch.library.custom_op("osdn::precond_scan_backward", mutates_args=())
 def precond_scan_backward(dk_tilde: Tensor, dd_final: Tensor, k: Tensor, beta: Tensor, d0: Opt, retention: Opt,
-                          cu_seqlens: Opt, *, eta: float, d_min: float, d_max: float, eps: float,
-                          beta_aware: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                          cu_seqlens: Opt, checkpoints: Opt, flags: Opt, *, eta: float, d_min: float, d_max: float,
+                          eps: float, beta_aware: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return reference.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens,
                                       eta, d_min, d_max, eps, beta_aware)
 
 
 @precond_scan_backward.register_kernel("cuda")
-def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
-    return _cuda_kernel("precond_scan_bwd")(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens,
-                                            eta, d_min, d_max, eps, beta_aware)
+def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, checkpoints, flags, *, eta, d_min, d_max, eps,
+      beta_aware):
+    if not _triton_path(k):
+        return reference.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max,
+                                          eps, beta_aware)
+    from .triton import kernels
+
+    saved = None if checkpoints is None or flags is None or checkpoints.numel() == 0 else (checkpoints, flags)
+    return kernels.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps,
+                                    beta_aware, saved=saved)
 
 
 @precond_scan_backward.register_fake
-def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_max, eps, beta_aware):
+def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, checkpoints, flags, *, eta, d_min, d_max, eps,
+      beta_aware):
     B, T, H, K = k.shape
     dd0 = k.new_empty((_num_seqs(B, cu_seqlens), H, K), dtype=state_dtype(k))
     dr = torch.empty_like(retention) if retention is not None else k.new_empty(0, dtype=state_dtype(k))
@@ -94,16 +128,17 @@ def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, *, eta, d_min, d_m
 
 def _precond_setup(ctx, inputs, keyword_only_inputs, output):
     k, beta, d0, retention, cu_seqlens = inputs
-    ctx.save_for_backward(k, beta, d0, retention, cu_seqlens)
+    ctx.save_for_backward(k, beta, d0, retention, cu_seqlens, output[2], output[3])
+    ctx.mark_non_differentiable(output[2], output[3])
     ctx.hp = keyword_only_inputs
 
 
-def _precond_backward(ctx, dk_tilde, dd_final):
-    k, beta, d0, retention, cu_seqlens = ctx.saved_tensors
+def _precond_backward(ctx, dk_tilde, dd_final, _dcheckpoints, _dflags):
+    k, beta, d0, retention, cu_seqlens, ckpt, flags = ctx.saved_tensors
     # incoming gradients may be broadcast views (the gradient of a sum is an expanded one):
     # the kernels index dense tensors
     dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde.contiguous(), dd_final.contiguous(), k, beta, d0, retention,
-                                               cu_seqlens, **ctx.hp)
+                                               cu_seqlens, ckpt, flags, **ctx.hp)
     return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None
 
 

@@ -54,6 +54,7 @@ def test_opcheck_precond_scan_backward(device):
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     x = precond_problem(B=2, T=11, H=2, K=16, dtype=torch.float32, seed=10, device=device)
-    kt, d = library.precond_scan(x["k"], x["beta"], x["d0"], x["retention"], None, **HP)
+    kt, d, ckpt, flags = library.precond_scan(x["k"], x["beta"], x["d0"], x["retention"], None, **HP)
     args = (torch.randn_like(kt), torch.randn_like(d), x["k"], x["beta"], x["d0"], x["retention"], None)
-    opcheck(torch.ops.osdn.precond_scan_backward.default, args, HP)
+    for saved in ((ckpt, flags), (None, None)):        # the forward's residuals, or none (recomputed)
+        opcheck(torch.ops.osdn.precond_scan_backward.default, args + saved, HP)

@@ -193,6 +193,24 @@ def test_token_and_parallel_forms_agree():
         assert rel(a, b) < 1e-5 if a.numel() else b.numel() == 0
 
 
+@pytest.mark.parametrize("form", ["parallel", "tokens"])
+def test_backward_from_saved_residuals(form):
+    """The backward from the forward's residuals (checkpoints, flags) is bitwise the one that reruns the
+    forward, with chunks that fell back (vocabulary keys, large eta) among those that did not."""
+    x = problem(B=2, T=150, H=2, keys="vocab", cu=None)
+    args = (x["k"], x["beta"], x["d0"], x["retention"], None, 1.0, 0.5, 2.0, 1e-6, True)
+    kt, df, ckpt, flags = tp.precond_scan_fwd(*args, form=form, save=True)
+    assert (ckpt.shape, flags.shape) == tuple(torch.Size(s) for s in tp.saved_shapes(x["k"], None))
+    if form == "parallel":
+        assert 0 < int((flags == 1).sum()) < int((flags >= 0).sum()) - 2    # some chunks fell back, not all
+    for a, b in zip((kt, df), tp.precond_scan_fwd(*args, form=form)):
+        assert torch.equal(a, b)
+    g = (torch.randn_like(kt), torch.randn_like(df))
+    for a, b in zip(tp.precond_scan_bwd(*g, *args, form=form, saved=(ckpt, flags)),
+                    tp.precond_scan_bwd(*g, *args, form=form)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("keys, eta, retention, fallback", [
     ("unit", 0.05, None, "none"), ("unit", 0.05, 0.99, "none"), ("vocab", 1.0, 0.99, "some"),
     ("vocab", 2.0, None, "all")])

@@ -18,15 +18,16 @@ from . import kernels
 class _PrecondScan(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k, beta, d0, retention, cu_seqlens, hp):
-        ctx.save_for_backward(k, beta, d0, retention, cu_seqlens)
+        kt, dfin, ckpt, flags = kernels.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, **hp, save=True)
+        ctx.save_for_backward(k, beta, d0, retention, cu_seqlens, ckpt, flags)
         ctx.hp = hp
-        return kernels.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, **hp)
+        return kt, dfin
 
     @staticmethod
     def backward(ctx, dk_tilde, dd_final):
-        k, beta, d0, retention, cu_seqlens = ctx.saved_tensors
+        k, beta, d0, retention, cu_seqlens, ckpt, flags = ctx.saved_tensors
         dk, dbeta, dd0, dr = kernels.precond_scan_bwd(*checks.contiguous(dk_tilde, dd_final), k, beta, d0, retention,
-                                                      cu_seqlens, **ctx.hp)
+                                                      cu_seqlens, **ctx.hp, saved=(ckpt, flags))
         return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None, None
 
 

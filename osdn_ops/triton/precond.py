@@ -2,8 +2,10 @@
 
 Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 ``retention [B,T,H]`` or None (ones), ``cu_seqlens [N+1]`` or None (N = B).
-``precond_scan_fwd -> (k_tilde [B,T,H,K] in k's dtype, d_final [N,H,K] fp32)``;
-``precond_scan_bwd -> (dk, dbeta, dd0 [N,H,K] fp32, dretention or empty [0] fp32)``.
+``precond_scan_fwd -> (k_tilde [B,T,H,K] in k's dtype, d_final [N,H,K] fp32)``, with ``save=True`` followed by
+the backward's residuals ``(checkpoints, flags)`` (``saved_shapes``);
+``precond_scan_bwd -> (dk, dbeta, dd0 [N,H,K] fp32, dretention or empty [0] fp32)``; given the residuals
+(``saved``) it does not rerun the forward.
 
 Two forms (``form``):
 
@@ -27,7 +29,7 @@ import torch
 from .. import reference
 from .precond_bwd import backward
 from .precond_fwd import forward_pass
-from .precond_tokens import flag_slots
+from .precond_tokens import CHUNK, GROUP, block_k, flag_slots
 
 MAX_K = 256
 FORMS = ("parallel", "tokens")
@@ -45,12 +47,32 @@ def _use_reference(k) -> bool:
     return k.dtype == torch.float64 or k.shape[-1] > MAX_K
 
 
-def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, form=None):
-    """Forward kernel: ``(k_tilde, d_final)``; ``form`` is "parallel" (default) or "tokens"."""
+def saved_shapes(k, cu_seqlens) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Shapes of the forward's residuals for the backward: ``d`` at every 16-token group start
+    (``[4 * flag_slots, H, BK]`` fp32) and the chunks that ran token by token (``[flag_slots, H]`` int32);
+    ``(0,)`` each where the reference kernels run (they keep nothing).
+
+    Keeping them costs an eighth of the bf16 keys' bytes and saves the backward a second forward chain."""
     if _use_reference(k):
-        return reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
-    kt, dfin, _, _ = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, _pick(form))
-    return kt, dfin
+        return (0,), (0,)
+    slots, H = flag_slots(k, cu_seqlens), k.shape[2]
+    return (slots * (CHUNK // GROUP), H, block_k(k.shape[-1])), (slots, H)
+
+
+def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, form=None, save=False):
+    """Forward kernel: ``(k_tilde, d_final)``, and with ``save`` the residuals ``(checkpoints, flags)`` of
+    ``saved_shapes`` after them; ``form`` is "parallel" (default) or "tokens"."""
+    if _use_reference(k):
+        out = reference.precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware)
+        return out + (k.new_empty(0, dtype=torch.float32), k.new_empty(0, dtype=torch.int32)) if save else out
+    parallel = _pick(form)
+    kt, dfin, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
+                                         parallel, keep=save)
+    if not save:
+        return kt, dfin
+    if flags is None:                   # the token form: no chunk is flagged, all run the token loop
+        flags = torch.zeros(saved_shapes(k, cu_seqlens)[1], dtype=torch.int32, device=k.device)
+    return kt, dfin, ckpt, flags
 
 
 def precond_fallback_share(k, beta, d0=None, retention=None, cu_seqlens=None, *, eta, d_min, d_max, eps,
@@ -69,10 +91,11 @@ def precond_fallback_share(k, beta, d0=None, retention=None, cu_seqlens=None, *,
 
 
 def precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
-                     form=None):
-    """Backward kernel: ``(dk, dbeta, dd0, dretention)`` (see the module docstring)."""
+                     form=None, saved=None):
+    """Backward kernel: ``(dk, dbeta, dd0, dretention)`` (see the module docstring). ``saved``: the
+    ``(checkpoints, flags)`` of a forward of the same form on the same inputs, or None (recomputed)."""
     if _use_reference(k):
         return reference.precond_scan_bwd(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
                                           d_max, eps, beta_aware)
     return backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
-                    _pick(form))
+                    _pick(form), saved)

@@ -3,12 +3,12 @@
 Shapes as in ``precond``: ``dk_tilde [B,T,H,K]``, ``dd_final [N,H,K]`` -> ``dk`` (k's dtype),
 ``dbeta`` (beta's dtype), ``dd0 [N,H,K]`` fp32, ``dretention`` (retention's dtype, or empty [0] fp32).
 
-What is saved and what is recomputed: the forward's only outputs are ``k_tilde`` and ``d_final``,
-and the autograd function keeps just the inputs, so the backward must rebuild ``d_t``. Storing the
-whole trajectory would cost a fp32 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once;
-instead the forward runs again (``precond_fwd``, same form, no ``k_tilde``) for ``d`` at every 16-token
-group start (``[4 * slots, H, BK]`` fp32, an eighth of the bf16 keys' bytes) and the chunks that ran
-token by token. Then, in the chunk-parallel form:
+What is saved and what is recomputed: storing the whole trajectory ``d_t`` would cost a fp32
+``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once. The forward keeps instead what its
+chain wrote anyway: ``d`` at every 16-token group start (``[4 * slots, H, BK]`` fp32, an eighth of the
+bf16 keys' bytes) and which chunks ran token by token (``saved``); the backward rebuilds every ``d_t`` of a
+group from its checkpoint. Without them (``saved=None``) the forward runs again (``precond_fwd``, same
+form, no ``k_tilde``). Then, in the chunk-parallel form:
 
 1. the precompute with the adjoint terms (``precond_parallel``, parallel over groups);
 2. the adjoint chain (``precond_chain._adjoint_kernel``, one program per (sequence, head), chunks
@@ -49,10 +49,12 @@ def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, m_pt
                           d_max, eps, HAS_R, BETA_AWARE, G, BK)
 
 
-def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel):
+def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
+             saved=None):
     """Launch the backward (see the module docstring); returns ``(dk, dbeta, dd0, dretention)``.
 
     ``parallel``: the chunk-parallel form (the token loop where its check fails), else the token loop.
+    ``saved``: the forward's ``(checkpoints, flags)`` (``precond.saved_shapes``); None reruns the forward chain.
     """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
@@ -74,8 +76,12 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
         M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay)
     else:
         M = w0 = Mb = Mbc = h0 = fs = dummy
-    _, _, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
-                                     store_kt=False, keep=True, scratch=(M, w0) if parallel else None, layout=lay)
+    if saved is None:
+        _, _, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
+                                         parallel, store_kt=False, keep=True, scratch=(M, w0) if parallel else None,
+                                         layout=lay)
+    else:
+        ckpt, flags = saved
     gck = torch.empty_like(ckpt) if parallel else dummy
     traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
     _adjoint_kernel[(N, H)](
