@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import osdn_ops.triton as ot
 from osdn_ops.reference import precond_scan_recurrent
 from osdn_ops.triton import precond as tp
+from osdn_ops.triton import precond_segments as segments
 from osdn_ops.triton.precond_fwd import forward_pass
 
 HP = dict(d_min=0.5, d_max=2.0, eps=1e-6)
@@ -225,6 +226,41 @@ def test_parallel_backward(keys, eta, retention, fallback):
     got = share(x, eta=eta)
     assert {"none": got == 0.0, "some": 0.0 < got < 1.0, "all": got == 1.0}[fallback], got
     check(x, eta=eta, tol=1e-5, other_form=False)
+
+
+@pytest.mark.parametrize("case", ["dense", "varlen", "fallback"])
+def test_two_level_chains(case, monkeypatch):
+    """The chains in two levels (segment maps, a carry over segments, the chain per segment), forced on with
+    64-token segments: outputs and every gradient match the oracle, and the one-level chains to 1e-5.
+    ``dense``/``varlen`` (empty and partial segments): a large step in a wide box, so that no chunk falls back
+    and the maps are far from the identity; ``fallback``: chunks that ran token by token, so the adjoint's
+    carry runs some segments serially."""
+    x = {"dense": lambda: problem(B=2, T=300, H=2),
+         "varlen": lambda: problem(T=300, H=2, cu=[0, 0, 70, 80, 80, 300], retention=False),
+         "fallback": lambda: problem(T=350, H=2, keys="vocab", retention=False)}[case]()
+    box = (0.5, 2.0) if case == "fallback" else (1e-3, 1e3)
+    args = (x["k"], x["beta"], x["d0"], x["retention"], x["cu_seqlens"], 1.0, *box, 1e-6, True)
+    one = tp.precond_scan_fwd(*args, save=True)
+    g = (torch.randn_like(one[0]), torch.randn_like(one[1]))
+    one_bwd = tp.precond_scan_bwd(*g, *args, saved=one[2:])
+    monkeypatch.setattr(segments, "segment_tokens", lambda k, cu: 64)
+    fell_back = share(x, eta=1.0, box=box)
+    assert 0.0 < fell_back < 1.0 if case == "fallback" else fell_back == 0.0
+    check(x, eta=1.0, tol=1e-5, other_form=False, box=box)
+    two = tp.precond_scan_fwd(*args, save=True)
+    assert torch.equal(two[3], one[3])                      # the same chunks fell back
+    for a, b in zip(two[:2] + tp.precond_scan_bwd(*g, *args, saved=two[2:]), one[:2] + one_bwd):
+        assert rel(a, b) < 1e-5 if b.numel() else a.numel() == 0
+
+
+def test_two_level_choice(monkeypatch):
+    """Two levels only where the (sequence, head) chains fill at most half the SMs and sequences are long."""
+    monkeypatch.setattr(segments, "_sm_count", lambda device: 132)
+    k = lambda B, T, H: torch.empty(B, T, H, 128, device="meta")
+    assert segments.segment_tokens(k(1, 32768, 8), None) == 512        # S3
+    assert segments.segment_tokens(k(4, 4096, 8), None) == 256         # S2
+    assert segments.segment_tokens(k(8, 2048, 16), None) == 0          # S1: 128 chains
+    assert segments.segment_tokens(k(2, 1024, 4), None) == 0           # short sequences
 
 
 def test_empty_time_and_float64_reference():

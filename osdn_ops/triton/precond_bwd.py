@@ -12,8 +12,9 @@ form, no ``k_tilde``). Then, in the chunk-parallel form:
 
 1. the precompute with the adjoint terms (``precond_parallel``, parallel over groups);
 2. the adjoint chain (``precond_chain._adjoint_kernel``, one program per (sequence, head), chunks
-   backwards): the gradient at every group end, three short dependent steps per group; a chunk that
-   ran token by token in the forward gets its whole adjoint here, token by token (``tokens_adjoint``);
+   backwards; in two levels for few long sequences, ``precond_segments``): the gradient at every group
+   end, three short dependent steps per group; a chunk that ran token by token in the forward gets its
+   whole adjoint here, token by token (``tokens_adjoint``);
 3. the adjoint pass (``_adjoint_out_kernel``, parallel over chunks): every other chunk's token gradients
    from its checkpoints, group by group (``precond_parallel.group_adjoint``).
 
@@ -28,6 +29,7 @@ import triton.language as tl
 from .asym_chunks import chunk_layout
 from .precond_chain import _adjoint_kernel
 from . import precond_fwd
+from . import precond_segments as segments
 from .precond_fwd import forward_pass
 from .precond_parallel import group_adjoint, group_program, num_warps, precompute
 from .precond_tokens import CHUNK, GROUP, block_k, sequences
@@ -83,12 +85,18 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     else:
         ckpt, flags = saved
     gck = torch.empty_like(ckpt) if parallel else dummy
-    traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
-    _adjoint_kernel[(N, H)](
-        dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mbc, fs,
-        flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
-        T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
-        BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)
+    seg = segments.segment_tokens(k, cu_seqlens) if parallel else 0
+    if seg:
+        segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, Mbc, fs, flags, dk,
+                                 dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
+                                 precond_fwd.CHAIN_WARPS)
+    else:
+        traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
+        _adjoint_kernel[(N, H)](
+            dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mbc, fs,
+            flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
+            T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
+            BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)
     if parallel:
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, Mb, h0,

@@ -105,6 +105,22 @@ def adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i, h, H, K,
     return kv, mbc, r, f, fl
 
 
+@triton.jit
+def chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, i_lo, i_hi, h, H, K, HAS_R: tl.constexpr,
+                 G: tl.constexpr, BK: tl.constexpr):
+    """The forward chain over groups ``[i_lo, i_hi)`` of the sequence ``[bos, eos)`` from ``d`` at group
+    ``i_lo``'s start: ``d`` at each group start to ``ckpt + i * H*BK``; returns ``d`` after group ``i_hi - 1``."""
+    offs = tl.arange(0, BK)
+    ka, ma, wa, ra = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i_lo, h, H, K, HAS_R, G, BK)
+    kb, mb, wb, rb = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i_lo + 1, h, H, K, HAS_R, G, BK)
+    for i in range(i_lo, i_hi):
+        kc, mc, wc, rc = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i + 2, h, H, K, HAS_R, G, BK)
+        tl.store(ckpt + i * H * BK + offs, d)
+        d = chain_step(d, ka, ma, wa, ra, HAS_R, G)
+        ka, ma, wa, ra, kb, mb, wb, rb = kb, mb, wb, rb, kc, mc, wc, rc
+    return d
+
+
 @triton.jit(do_not_specialize=["T", "H", "K"])
 def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_ptr, T, H, K,
                   HAS_D0: tl.constexpr, HAS_R: tl.constexpr, VARLEN: tl.constexpr, C: tl.constexpr,
@@ -117,14 +133,43 @@ def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_pt
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
     offs = tl.arange(0, BK)
     ckpt = ckpt_ptr + ((C // G) * (bos // C + n) * H + h) * BK
-    ka, ma, wa, ra = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, 0, h, H, K, HAS_R, G, BK)
-    kb, mb, wb, rb = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, 1, h, H, K, HAS_R, G, BK)
-    for i in range(0, (eos - bos + G - 1) // G):
-        kc, mc, wc, rc = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i + 2, h, H, K, HAS_R, G, BK)
-        tl.store(ckpt + i * H * BK + offs, d)
-        d = chain_step(d, ka, ma, wa, ra, HAS_R, G)
-        ka, ma, wa, ra, kb, mb, wb, rb = kb, mb, wb, rb, kc, mc, wc, rc
+    d = chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, 0, (eos - bos + G - 1) // G, h, H, K, HAS_R, G,
+                     BK)
     tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
+
+
+@triton.jit
+def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt, gck,
+                   traj, bos, eos, slot, i_lo, i_hi, h, H, K, eta, d_min, d_max, eps, HAS_R: tl.constexpr,
+                   BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """The adjoint chain over groups ``i_hi - 1`` down to ``i_lo`` (whole chunks) of the sequence ``[bos, eos)``
+    from the gradient ``g`` at group ``i_hi - 1``'s end: ``g`` at each group's end to ``gck + i * H*BK``; a
+    chunk that ``flag`` marks runs the token adjoint instead (its token gradients are written here). Returns
+    the gradient at group ``i_lo``'s start."""
+    offs = tl.arange(0, BK)
+    NG: tl.constexpr = C // G
+    ng = (eos - bos + G - 1) // G
+    ka, ma, ra, fa, la = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i_hi - 1, h, H, K, HAS_R,
+                                     C, G, BK)
+    kb, mb, rb, fb, lb = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i_hi - 2, h, H, K, HAS_R,
+                                     C, G, BK)
+    for ii in range(0, i_hi - i_lo):
+        i = i_hi - 1 - ii
+        kc, mc, rc, fc, lc = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i - 2, h, H, K,
+                                         HAS_R, C, G, BK)
+        if la != 0:
+            if (i % NG == NG - 1) | (i == ng - 1):          # the chunk's last group: the whole chunk
+                j = i // NG
+                d = tl.load(ckpt + j * NG * H * BK + offs)
+                g = tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_ptr, dr_ptr,
+                                   bos + j * C, tl.minimum(bos + (j + 1) * C, eos), h, H, K, eta, d_min, d_max,
+                                   eps, HAS_R, BETA_AWARE, G, BK)
+        else:
+            tl.store(gck + i * H * BK + offs, g)
+            g = adjoint_step(g, ka, ma, ra, fa, HAS_R, G)
+        ka, ma, ra, fa, la = kb, mb, rb, fb, lb
+        kb, mb, rb, fb, lb = kc, mc, rc, fc, lc
+    return g
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
@@ -148,29 +193,9 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mbc_ptr, f
     g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
     traj = traj_ptr + (n * H + h) * C * BK
     if PARALLEL:
-        gck = gck_ptr + (NG * slot * H + h) * BK
-        fs = fs_ptr + (NG * slot * H + h) * BK
-        ng = (eos - bos + G - 1) // G
-        ka, ma, ra, fa, la = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, ng - 1, h, H, K, HAS_R,
-                                         C, G, BK)
-        kb, mb, rb, fb, lb = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, ng - 2, h, H, K, HAS_R,
-                                         C, G, BK)
-        for ii in range(0, ng):
-            i = ng - 1 - ii
-            kc, mc, rc, fc, lc = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i - 2, h, H, K,
-                                             HAS_R, C, G, BK)
-            if la != 0:
-                if (i % NG == NG - 1) | (i == ng - 1):          # the chunk's last group: the whole chunk
-                    j = i // NG
-                    d = tl.load(ckpt + j * NG * H * BK + offs)
-                    g = tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_ptr, dr_ptr,
-                                       bos + j * C, tl.minimum(bos + (j + 1) * C, eos), h, H, K, eta, d_min, d_max,
-                                       eps, HAS_R, BETA_AWARE, G, BK)
-            else:
-                tl.store(gck + i * H * BK + offs, g)
-                g = adjoint_step(g, ka, ma, ra, fa, HAS_R, G)
-            ka, ma, ra, fa, la = kb, mb, rb, fb, lb
-            kb, mb, rb, fb, lb = kc, mc, rc, fc, lc
+        g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
+                           dk_ptr, dbeta_ptr, dr_ptr, ckpt, gck_ptr + (NG * slot * H + h) * BK, traj, bos, eos, slot,
+                           0, (eos - bos + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
     else:
         nc = (eos - bos + C - 1) // C
         for jj in range(0, nc):

@@ -1,7 +1,8 @@
 """Triton precond_scan forward (DESIGN §3), in either form; shapes as in ``precond``.
 
 Chunk-parallel form, four launches: the precompute (``precond_parallel``, parallel over groups), the
-chain (``precond_chain``, serial: ``d`` at every group start, no clamp), the output pass (parallel over
+chain (``precond_chain``, serial: ``d`` at every group start, no clamp; in two levels for few long
+sequences, ``precond_segments``), the output pass (parallel over
 chunks: each group's ``d_t`` from its checkpoint, ``k_tilde``, and a flag on every chunk where a
 pre-clamp value leaves the box) and the fixup (serial, usually idle: from a sequence's first flagged
 chunk on, where the unclamped chain is wrong, the per-chunk parallel form with the token loop as its
@@ -15,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import precond_segments as segments
 from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
 from .precond_parallel import advance, group_program, group_step, num_warps, precompute
@@ -126,9 +128,13 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
         lay = layout or chunk_layout(cu_seqlens, B, T)
         M, w0 = (precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, layout=lay) if scratch is None
                  else scratch)
-        _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, T, H, K,
-                              HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-                              C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
+        seg = segments.segment_tokens(k, cu_seqlens)
+        if seg:
+            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg, CHAIN_WARPS)
+        else:
+            _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, T, H, K,
+                                  HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+                                  C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
         _out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, ckpt,
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),

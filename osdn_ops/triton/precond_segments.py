@@ -1,0 +1,330 @@
+"""Two-level chains of the chunk-parallel precond_scan, for few long sequences (DESIGN §3).
+
+The serial chains of ``precond_chain`` run one program per (sequence, head), about 0.8 us per 16-token
+group. With few sequences and heads (S3: 8 programs for 132 SMs) that serial time is all there is.
+Without clamping, a run of groups maps ``d`` affinely: ``d_end = A d + b``. So each sequence is cut into
+segments of ``SEG`` tokens (a multiple of 64) and:
+
+1. ``_segment_map_kernel`` (one program per segment and head, all in parallel): the segment's map,
+   ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the retentions) and ``b``, built
+   group by group with the chain's own step applied to a matrix: ``P = S A``, ``W = -M P``,
+   ``A <- exp(Gam_end) A + (E S)^T W``. Keeping the identity part apart keeps the small part exact in tf32.
+2. ``_segment_carry_kernel`` (one program per sequence and head): ``d`` at every segment start, one
+   matrix-vector product per segment, and the unclamped ``d_final``.
+3. ``_segment_chain_kernel`` (one program per segment and head): the ordinary chain from the segment's
+   start, writing the group checkpoints as ``precond_chain`` does.
+
+The adjoint is the same with the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))``, run
+backwards: the map takes ``g`` at the segment's end to ``g`` at its start. A segment with a chunk that the
+forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token
+in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .asym_chunks import _sm_count, chunk_span
+from .precond_chain import adjoint_groups, chain_groups
+from .precond_parallel import precompute_precision
+from .precond_tokens import CHUNK, GROUP, block_k, decay_logs, load_d0, sequence_bounds, sequences
+from .varlen import chunk_table, max_chunks
+
+#: warps of the map kernel (a [BK, BK] fp32 tile) and of the carry
+MAP_WARPS = 8
+CARRY_WARPS = 4
+
+
+@dataclass
+class SegmentLayout:
+    """Segments of ``SEG`` tokens restarting at each sequence start.
+
+    ``n_rows``: grid size along segments (``cdiv(T, SEG)`` per batch row, or ``max_chunks`` with varlen);
+    ``slots``: rows of the per-segment buffers (``B * NS``, or ``n_rows`` with varlen);
+    ``NS``: segments per batch row (dense layout); ``table``: ``chunk_table(cu, T, SEG)`` or None;
+    ``first``: ``[N]`` int64 row of each sequence's first segment (varlen) or None."""
+    SEG: int
+    n_rows: int
+    slots: int
+    NS: int
+    table: Optional[Tensor]
+    first: Optional[Tensor]
+
+
+def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
+    """Segment length of the two-level chains, or 0 for the one-level chains.
+
+    Two levels when the (sequence, head) chains fill at most half the SMs and sequences average at least
+    eight segments; segments are sized for about four programs per SM (at least 256 tokens)."""
+    B, T, H, _ = k.shape
+    N = sequences(k, cu_seqlens)
+    sms = _sm_count(k.device)
+    if N * H == 0 or N * H > sms // 2:
+        return 0
+    seg = max(256, triton.next_power_of_2(triton.cdiv(B * T * H, 4 * sms)))
+    return seg if B * T // N >= 8 * seg else 0
+
+
+def segment_layout(cu_seqlens: Optional[Tensor], B: int, T: int, SEG: int) -> SegmentLayout:
+    """The segment grid of ``B`` rows of ``T`` tokens or of packed sequences; no host sync."""
+    assert SEG % CHUNK == 0
+    if cu_seqlens is None:
+        NS = triton.cdiv(T, SEG)
+        return SegmentLayout(SEG, NS, B * NS, NS, None, None)
+    cu = cu_seqlens.to(torch.int64)
+    counts = (cu[1:] - cu[:-1] + SEG - 1) // SEG
+    first = (torch.cumsum(counts, 0) - counts).contiguous()
+    N = cu.shape[0] - 1
+    rows = max_chunks(T, N, SEG)
+    return SegmentLayout(SEG, rows, rows, 0, chunk_table(cu_seqlens, T, SEG), first)
+
+
+@triton.jit
+def segment_program(cu_ptr, table_ptr, T, NS, H, SEG: tl.constexpr, VARLEN: tl.constexpr):
+    """A program of a grid ``(segment rows, B*H)``: ``(sequence (int64), its bounds bos, eos, the segment's
+    first token, its length (<= 0: no segment), its row, head)``."""
+    pid, pid_bh = tl.program_id(0), tl.program_id(1)
+    i_b = pid_bh // H
+    start, n, row = chunk_span(pid, i_b, cu_ptr, table_ptr, T, NS, SEG, VARLEN)
+    if VARLEN:
+        seq = tl.maximum(tl.load(table_ptr + 2 * pid), 0).to(tl.int64)
+    else:
+        seq = i_b.to(tl.int64)
+    bos, eos = sequence_bounds(cu_ptr, seq, T, VARLEN)
+    return seq, bos, eos, start, n, row, (pid_bh % H).to(tl.int64)
+
+
+@triton.jit
+def seq_segments(first_ptr, n, T, NS, eos, bos, SEG: tl.constexpr, VARLEN: tl.constexpr):
+    """Row of sequence ``n``'s first segment and its number of segments."""
+    if VARLEN:
+        r0 = tl.load(first_ptr + n)
+    else:
+        r0 = n * NS
+    return r0, (eos - bos + SEG - 1) // SEG
+
+
+@triton.jit
+def segment_clean(flag_ptr, slot, j0, n, h, H, SEG: tl.constexpr, C: tl.constexpr):
+    """Whether no chunk of the segment (chunks ``j0..`` of the sequence at scratch row ``slot``, ``n``
+    tokens) is flagged."""
+    jj = tl.arange(0, SEG // C)
+    fl = tl.load(flag_ptr + (slot + j0 + jj) * H + h, mask=jj * C < n, other=0)
+    return tl.max(fl, 0) == 0
+
+
+@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr, amap_ptr, bmap_ptr, alpha_ptr, T,
+                        NS, H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, ADJOINT: tl.constexpr,
+                        SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
+                        PREC: tl.constexpr):
+    """Grid (segment rows, B*H): the segment's map to ``amap [rows, H, BK, BK]`` (Delta), ``bmap [rows, H, BK]``
+    and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: ``x`` is Mbc, ``v``
+    fsum (rows as the checkpoints), groups backwards; a segment with a flagged chunk is skipped (the carry
+    runs it serially)."""
+    seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
+    if n > 0:
+        NG: tl.constexpr = C // G
+        slot = bos // C + seq
+        if ADJOINT:
+            clean = segment_clean(flag_ptr, slot, (start - bos) // C, n, h, H, SEG, C)
+        else:
+            clean = True
+        if clean:
+            ci = tl.arange(0, G)
+            offs = tl.arange(0, BK)
+            eye = (offs[:, None] == offs[None, :]).to(tl.float32)
+            delta = tl.zeros([BK, BK], tl.float32)
+            alpha = tl.full([], 1.0, tl.float32)
+            b = tl.zeros([BK], tl.float32)
+            ngs = (n + G - 1) // G
+            g_first = (start - bos) // G                       # the segment's first group in its sequence
+            for ii in range(0, ngs):
+                if ADJOINT:
+                    i = ngs - 1 - ii
+                else:
+                    i = ii
+                rows = start + i * G + ci
+                mrow = (i * G + ci) < n
+                kv = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :],
+                             mask=mrow[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                s = kv * kv
+                X = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
+                if HAS_R:
+                    r = tl.load(r_ptr + rows * H + h, mask=mrow, other=1.0).to(tl.float32)
+                else:
+                    r = tl.full([G], 1.0, tl.float32)
+                lg, lgi = decay_logs(r, HAS_R, G)
+                lg_end = tl.sum(lgi - lg, 0)
+                ee = tl.exp(lg_end)
+                P = alpha * s + tl.dot(s, delta, input_precision=PREC)            # S A
+                W = -tl.dot(X, P, input_precision=PREC)                           # -X S A
+                pb = tl.sum(s * b[None, :], 1)
+                wb = -tl.sum(X * pb[None, :], 1)
+                if ADJOINT:
+                    sl = s
+                    fsum = tl.load(v_ptr + ((NG * slot + g_first + i) * H + h) * BK + offs)
+                    b = ee * b + fsum + tl.sum(wb[:, None] * s, 0)
+                else:
+                    E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
+                    sl = E[:, None] * s
+                    w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
+                    b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
+                delta = tl.dot(tl.trans(sl), W, acc=ee * delta, input_precision=PREC)
+                alpha = alpha * ee
+            base = row * H + h
+            tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
+            tl.store(bmap_ptr + base * BK + offs, b)
+            tl.store(alpha_ptr + base, alpha)
+
+
+@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_ptr, dstart_ptr, dfin_ptr, T, NS, H,
+                          K, HAS_D0: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, BK: tl.constexpr):
+    """Grid (N, H), forward: ``d`` at every segment start to ``dstart [rows, H, BK]``; the unclamped ``d`` at the
+    sequence's end to ``dfin``."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
+    r0, ns = seq_segments(first_ptr, n, T, NS, eos, bos, SEG, VARLEN)
+    offs = tl.arange(0, BK)
+    d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
+    for j in range(0, ns):
+        base = (r0 + j) * H + h
+        tl.store(dstart_ptr + base * BK + offs, d)
+        A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
+        d = tl.load(alpha_ptr + base) * d + tl.sum(A * d[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
+    tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
+
+
+@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, T, NS, H, K,
+                          HAS_R: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr,
+                          G: tl.constexpr, BK: tl.constexpr):
+    """Grid (segment rows, B*H), forward: the chain through one segment from its start (``dstart``), writing
+    ``d`` at each group start to the checkpoints (rows of ``precond_chain._chain_kernel``)."""
+    seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
+    if n > 0:
+        offs = tl.arange(0, BK)
+        d = tl.load(dstart_ptr + (row * H + h) * BK + offs)
+        ckpt = ckpt_ptr + ((C // G) * (bos // C + seq) * H + h) * BK
+        i_lo = (start - bos) // G
+        chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, i_lo, i_lo + (n + G - 1) // G, h, H, K, HAS_R,
+                     G, BK)
+
+
+@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, mbc_ptr, fs_ptr,
+                                  flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, amap_ptr,
+                                  bmap_ptr, alpha_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
+                                  HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
+                                  SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """Grid (N, H), adjoint: segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
+    segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others apply their map.
+    The gradient at the sequence's start goes to ``dd0``."""
+    n = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
+    r0, ns = seq_segments(first_ptr, n, T, NS, eos, bos, SEG, VARLEN)
+    offs = tl.arange(0, BK)
+    NG: tl.constexpr = C // G
+    slot = bos // C + n
+    g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+    for jj in range(0, ns):
+        j = ns - 1 - jj
+        base = (r0 + j) * H + h
+        tl.store(gend_ptr + base * BK + offs, g)
+        t0 = bos + j * SEG
+        nt = tl.minimum(SEG, eos - t0)
+        if segment_clean(flag_ptr, slot, j * (SEG // C), nt, h, H, SEG, C):
+            A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
+            g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
+        else:
+            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK,
+                               flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
+                               gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos, slot,
+                               j * (SEG // G), j * (SEG // G) + (nt + G - 1) // G, h, H, K, eta, d_min, d_max, eps,
+                               HAS_R, BETA_AWARE, C, G, BK)
+    tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
+
+
+@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, mbc_ptr, fs_ptr, flag_ptr, dk_ptr,
+                            dbeta_ptr, dr_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
+                            HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, SEG: tl.constexpr,
+                            C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """Grid (segment rows, B*H), adjoint: the adjoint chain through one segment without flagged chunks from
+    ``g`` at its end (``gend``), writing ``g`` at each group's end (``gck``); flagged segments were done by
+    the carry."""
+    seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
+    if n > 0:
+        NG: tl.constexpr = C // G
+        slot = bos // C + seq
+        if segment_clean(flag_ptr, slot, (start - bos) // C, n, h, H, SEG, C):
+            offs = tl.arange(0, BK)
+            g = tl.load(gend_ptr + (row * H + h) * BK + offs)
+            i_lo = (start - bos) // G
+            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
+                           dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
+                           gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,   # no scratch: clean
+                           i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
+
+
+def _maps(k, lay: SegmentLayout):
+    rows, H, BK = lay.slots, k.shape[2], block_k(k.shape[-1])
+    f32 = dict(dtype=torch.float32, device=k.device)
+    return (torch.empty(rows, H, BK, BK, **f32), torch.empty(rows, H, BK, **f32), torch.empty(rows, H, **f32),
+            torch.empty(rows, H, BK, **f32))
+
+
+def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg: int, chain_warps: int):
+    """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt`` and the unclamped ``dfin``
+    as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
+    B, T, H, K = k.shape
+    N, BK = sequences(k, cu_seqlens), block_k(K)
+    lay = segment_layout(cu_seqlens, B, T, seg)
+    amap, bmap, alpha, dstart = _maps(k, lay)
+    cu = cu_seqlens if cu_seqlens is not None else k
+    table = lay.table if lay.table is not None else k
+    r = retention if retention is not None else k
+    common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg)
+    _segment_map_kernel[(lay.n_rows, B * H)](k, r, M, w0, cu, table, k, amap, bmap, alpha, T, lay.NS, H, K,
+                                             ADJOINT=False, C=CHUNK, G=GROUP, BK=BK, PREC=precompute_precision(k),
+                                             num_warps=MAP_WARPS, **common)
+    _segment_carry_kernel[(N, H)](d0 if d0 is not None else k, cu, lay.first if lay.first is not None else k, amap,
+                                  bmap, alpha, dstart, dfin, T, lay.NS, H, K, HAS_D0=d0 is not None,
+                                  VARLEN=cu_seqlens is not None, SEG=seg, BK=BK, num_warps=CARRY_WARPS)
+    _segment_chain_kernel[(lay.n_rows, B * H)](k, r, cu, table, M, w0, dstart, ckpt, T, lay.NS, H, K, C=CHUNK, G=GROUP,
+                                               BK=BK, num_warps=chain_warps, **common)
+
+
+def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs, flags, dk, dbeta, dr, dd0, ckpt, gck,
+                    seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
+    """The adjoint chain in two levels: writes ``gck``, ``dd0`` and the token gradients of flagged chunks as
+    ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``Mbc, fs``: the backward precompute's."""
+    B, T, H, K = k.shape
+    N, BK = sequences(k, cu_seqlens), block_k(K)
+    lay = segment_layout(cu_seqlens, B, T, seg)
+    amap, bmap, alpha, gend = _maps(k, lay)
+    cu = cu_seqlens if cu_seqlens is not None else k
+    table = lay.table if lay.table is not None else k
+    r = retention if retention is not None else k
+    dr_arg = dr if retention is not None else k
+    common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, C=CHUNK, G=GROUP, BK=BK)
+    hp = (float(eta), float(d_min), float(d_max), float(eps))
+    _segment_map_kernel[(lay.n_rows, B * H)](k, r, Mbc, fs, cu, table, flags, amap, bmap, alpha, T, lay.NS, H, K,
+                                             ADJOINT=True, PREC=precompute_precision(k), num_warps=MAP_WARPS,
+                                             **common)
+    traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
+    _segment_adjoint_carry_kernel[(N, H)](
+        dk_tilde, dd_final, k, beta, r, cu, lay.first if lay.first is not None else k, Mbc, fs, flags, dk, dbeta,
+        dr_arg, dd0, ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NS, H, K, *hp, BETA_AWARE=bool(beta_aware),
+        num_warps=chain_warps, **common)
+    _segment_adjoint_kernel[(lay.n_rows, B * H)](
+        dk_tilde, k, beta, r, cu, table, Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NS, H, K, *hp,
+        BETA_AWARE=bool(beta_aware), num_warps=chain_warps, **common)
