@@ -109,10 +109,12 @@ PRECOMPUTE_WARPS = {False: 1, True: 1}
 
 
 def precompute_precision(k: Tensor) -> str:
-    """Input precision of the precompute's products (Gram matrices, the inverse): one tf32 pass for 16-bit
-    keys, three (~fp32) for fp32 keys. With bf16 keys on S1 the single pass moved ``k_tilde``, ``d_final``
-    and the gradients by at most 3.6e-4 relative (the largest of the five), a tenth of bf16's rounding, and
-    cut the forward precompute from 0.126 to 0.066 ms and the backward's from 0.410 to 0.155 ms (H200)."""
+    """Input precision of the precompute's Gram matrix and inverse (and of ``precond_segments``' maps): one tf32
+    pass for 16-bit keys, three (~fp32) for fp32 keys. Both only shape the small terms ``c_t b_t <s_t, s_j>``
+    (c is eta / |k|^2), so a tf32 rounding of them moves ``d`` far below bf16's resolution. With bf16 keys on
+    S1 the single pass (then also for the adjoint's ``<s_t, f_j>``, now always three) moved ``k_tilde``,
+    ``d_final`` and the gradients by at most 3.6e-4 relative and cut the forward precompute from 0.126 to
+    0.066 ms and the backward's from 0.410 to 0.155 ms (H200)."""
     return "tf32" if k.element_size() == 2 else "tf32x3"
 
 
@@ -142,7 +144,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
     if ADJOINT:
         f = load_keys(dkt_ptr, rows, mrow, h, H, K, BK) * kv
-        F = tl.dot(s, tl.trans(f), input_precision=PREC)            # F[t, j] = <s_t, f_j>
+        # F[t, j] = <s_t, f_j> feeds sigma, and dbeta is proportional to sigma: kept at ~fp32
+        F = tl.dot(s, tl.trans(f), input_precision="tf32x3")
         up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
         phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
         lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
