@@ -254,11 +254,12 @@ def test_two_level_chains(case, monkeypatch):
 
 
 def test_two_level_choice(monkeypatch):
-    """Two levels only where the (sequence, head) chains fill at most half the SMs and sequences are long."""
+    """Two levels only where there are few (sequence, head) chains for the SMs and sequences are long."""
     monkeypatch.setattr(segments, "_sm_count", lambda device: 132)
     k = lambda B, T, H: torch.empty(B, T, H, 128, device="meta")
-    assert segments.segment_tokens(k(1, 32768, 8), None) == 512        # S3
-    assert segments.segment_tokens(k(4, 4096, 8), None) == 256         # S2
+    assert segments.segment_tokens(k(1, 32768, 8), None) == 1024       # S3
+    assert segments.segment_tokens(k(2, 16384, 8), None) == 1024
+    assert segments.segment_tokens(k(4, 4096, 8), None) == 0           # S2: 32 chains
     assert segments.segment_tokens(k(8, 2048, 16), None) == 0          # S1: 128 chains
     assert segments.segment_tokens(k(2, 1024, 4), None) == 0           # short sequences
 
