@@ -277,38 +277,43 @@ def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, 
             offs = tl.arange(0, BK)
             g = tl.load(gend_ptr + (row * H + h) * BK + offs)
             i_lo = (start - bos) // G
+            # no chunk here is flagged, so the token adjoint never runs and needs no scratch (ckpt stands in)
             adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
                            dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
-                           gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,   # no scratch: clean
+                           gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,
                            i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
 
 
-def _maps(k, lay: SegmentLayout):
-    rows, H, BK = lay.slots, k.shape[2], block_k(k.shape[-1])
+def _segment_maps(k, retention, cu_seqlens, x, v, flags, seg: int, adjoint: bool):
+    """Layout, the maps of every segment (``_segment_map_kernel``), a ``[slots, H, BK]`` buffer for the state at
+    each segment boundary, and the launch arguments both directions share."""
+    B, T, H, K = k.shape
+    BK = block_k(K)
+    lay = segment_layout(cu_seqlens, B, T, seg)
     f32 = dict(dtype=torch.float32, device=k.device)
-    return (torch.empty(rows, H, BK, BK, **f32), torch.empty(rows, H, BK, **f32), torch.empty(rows, H, **f32),
-            torch.empty(rows, H, BK, **f32))
+    amap, bmap = torch.empty(lay.slots, H, BK, BK, **f32), torch.empty(lay.slots, H, BK, **f32)
+    alpha, bound = torch.empty(lay.slots, H, **f32), torch.empty(lay.slots, H, BK, **f32)
+    cu = cu_seqlens if cu_seqlens is not None else k
+    table = lay.table if lay.table is not None else k
+    r = retention if retention is not None else k
+    common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, BK=BK)
+    _segment_map_kernel[(lay.n_rows, B * H)](k, r, x, v, cu, table, flags, amap, bmap, alpha, T, lay.NS, H, K,
+                                             ADJOINT=adjoint, C=CHUNK, G=GROUP, PREC=precompute_precision(k),
+                                             num_warps=MAP_WARPS, **common)
+    maps = (amap, bmap, alpha, bound)
+    return lay, maps, dict(cu=cu, table=table, r=r, first=lay.first if lay.first is not None else k), common
 
 
 def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg: int, chain_warps: int):
     """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt`` and the unclamped ``dfin``
     as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
     B, T, H, K = k.shape
-    N, BK = sequences(k, cu_seqlens), block_k(K)
-    lay = segment_layout(cu_seqlens, B, T, seg)
-    amap, bmap, alpha, dstart = _maps(k, lay)
-    cu = cu_seqlens if cu_seqlens is not None else k
-    table = lay.table if lay.table is not None else k
-    r = retention if retention is not None else k
-    common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg)
-    _segment_map_kernel[(lay.n_rows, B * H)](k, r, M, w0, cu, table, k, amap, bmap, alpha, T, lay.NS, H, K,
-                                             ADJOINT=False, C=CHUNK, G=GROUP, BK=BK, PREC=precompute_precision(k),
-                                             num_warps=MAP_WARPS, **common)
-    _segment_carry_kernel[(N, H)](d0 if d0 is not None else k, cu, lay.first if lay.first is not None else k, amap,
-                                  bmap, alpha, dstart, dfin, T, lay.NS, H, K, HAS_D0=d0 is not None,
-                                  VARLEN=cu_seqlens is not None, SEG=seg, BK=BK, num_warps=CARRY_WARPS)
-    _segment_chain_kernel[(lay.n_rows, B * H)](k, r, cu, table, M, w0, dstart, ckpt, T, lay.NS, H, K, C=CHUNK, G=GROUP,
-                                               BK=BK, num_warps=chain_warps, **common)
+    lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, w0, k, seg, False)
+    _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
+        d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NS, H, K,
+        HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
+    _segment_chain_kernel[(lay.n_rows, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, T, lay.NS, H, K,
+                                               C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
 
 
 def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs, flags, dk, dbeta, dr, dd0, ckpt, gck,
@@ -316,23 +321,15 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs,
     """The adjoint chain in two levels: writes ``gck``, ``dd0`` and the token gradients of flagged chunks as
     ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``Mbc, fs``: the backward precompute's."""
     B, T, H, K = k.shape
-    N, BK = sequences(k, cu_seqlens), block_k(K)
-    lay = segment_layout(cu_seqlens, B, T, seg)
-    amap, bmap, alpha, gend = _maps(k, lay)
-    cu = cu_seqlens if cu_seqlens is not None else k
-    table = lay.table if lay.table is not None else k
-    r = retention if retention is not None else k
+    N = sequences(k, cu_seqlens)
+    lay, (amap, bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, Mbc, fs, flags, seg, True)
     dr_arg = dr if retention is not None else k
-    common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, C=CHUNK, G=GROUP, BK=BK)
     hp = (float(eta), float(d_min), float(d_max), float(eps))
-    _segment_map_kernel[(lay.n_rows, B * H)](k, r, Mbc, fs, cu, table, flags, amap, bmap, alpha, T, lay.NS, H, K,
-                                             ADJOINT=True, PREC=precompute_precision(k), num_warps=MAP_WARPS,
-                                             **common)
-    traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
+    traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
     _segment_adjoint_carry_kernel[(N, H)](
-        dk_tilde, dd_final, k, beta, r, cu, lay.first if lay.first is not None else k, Mbc, fs, flags, dk, dbeta,
-        dr_arg, dd0, ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NS, H, K, *hp, BETA_AWARE=bool(beta_aware),
+        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], Mbc, fs, flags, dk, dbeta, dr_arg, dd0, ckpt, gck,
+        traj, amap, bmap, alpha, gend, T, lay.NS, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
         num_warps=chain_warps, **common)
     _segment_adjoint_kernel[(lay.n_rows, B * H)](
-        dk_tilde, k, beta, r, cu, table, Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NS, H, K, *hp,
-        BETA_AWARE=bool(beta_aware), num_warps=chain_warps, **common)
+        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NS,
+        H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
