@@ -262,6 +262,7 @@ def test_two_level_choice(monkeypatch):
     assert segments.segment_tokens(k(4, 4096, 8), None) == 0           # S2: 32 chains
     assert segments.segment_tokens(k(8, 2048, 16), None) == 0          # S1: 128 chains
     assert segments.segment_tokens(k(2, 1024, 4), None) == 0           # short sequences
+    assert segments.segment_tokens(torch.empty(1, 32768, 8, 256, device="meta"), None) == 0     # K = 256
 
 
 def test_empty_time_and_float64_reference():

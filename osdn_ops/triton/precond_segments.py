@@ -62,16 +62,16 @@ class SegmentLayout:
 def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     """Segment length of the two-level chains, or 0 for the one-level chains.
 
-    Two levels when there are at most an eighth as many (sequence, head) chains as SMs and sequences average at
-    least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
+    Two levels when K <= 128, there are at most an eighth as many (sequence, head) chains as SMs and sequences
+    average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
     the maps cost about 2.3 ns per token and head in each direction, the serial chains about 50 ns (forward)
     and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token segments): forward+backward kernels
     5.04 -> 2.39 ms. S2 (32 chains, 256-token segments, maps then 1.6 ns): 0.95 -> 1.04 ms, so it stays at one
     level."""
-    B, T, H, _ = k.shape
+    B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = _sm_count(k.device)
-    if N * H == 0 or N * H > sms // 8:
+    if N * H == 0 or N * H > sms // 8 or K > 128:       # a [256, 256] fp32 map would not fit in registers
         return 0
     seg = max(256, triton.next_power_of_2(triton.cdiv(B * T * H, 2 * sms)))
     return seg if B * T // N >= 8 * seg else 0
