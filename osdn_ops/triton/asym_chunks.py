@@ -49,16 +49,17 @@ class ChunkLayout:
         return self.cu is not None
 
 
-def chunk_layout(cu_seqlens: Optional[Tensor], B: int, T: int) -> ChunkLayout:
-    """Chunk grid of ``B`` rows of ``T`` tokens, or of packed sequences; no host sync."""
-    NT = triton.cdiv(T, CHUNK)
+def chunk_layout(cu_seqlens: Optional[Tensor], B: int, T: int, C: int = CHUNK) -> ChunkLayout:
+    """Grid of chunks of ``C`` tokens (64 unless given) over ``B`` rows of ``T`` tokens, or over packed
+    sequences; no host sync."""
+    NT = triton.cdiv(T, C)
     if cu_seqlens is None:
         return ChunkLayout(NT, NT, B, None, None, None)
     cu = cu_seqlens
     N = cu.shape[0] - 1
-    counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    counts = (cu[1:] - cu[:-1] + C - 1) // C
     first = (torch.cumsum(counts, 0) - counts).to(torch.int64).contiguous()
-    return ChunkLayout(max_chunks(T, N, CHUNK), NT, N, chunk_table(cu, T, CHUNK), first, cu)
+    return ChunkLayout(max_chunks(T, N, C), NT, N, chunk_table(cu, T, C), first, cu)
 
 
 def block(d: int) -> int:

@@ -24,7 +24,6 @@ in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-seg
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -32,31 +31,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import _sm_count, chunk_span
+from .asym_chunks import _sm_count, chunk_layout, chunk_span
 from .precond_chain import adjoint_groups, chain_groups
-from .precond_parallel import precompute_precision
-from .precond_tokens import CHUNK, GROUP, block_k, decay_logs, load_d0, sequence_bounds, sequences
-from .varlen import chunk_table, max_chunks
+from .precond_parallel import group_logs, load_keys, precompute_precision
+from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
 
 #: warps of the map kernel (a [BK, BK] fp32 tile) and of the carry
 MAP_WARPS = 8
 CARRY_WARPS = 4
-
-
-@dataclass
-class SegmentLayout:
-    """Segments of ``SEG`` tokens restarting at each sequence start.
-
-    ``n_rows``: grid size along segments (``cdiv(T, SEG)`` per batch row, or ``max_chunks`` with varlen);
-    ``slots``: rows of the per-segment buffers (``B * NS``, or ``n_rows`` with varlen);
-    ``NS``: segments per batch row (dense layout); ``table``: ``chunk_table(cu, T, SEG)`` or None;
-    ``first``: ``[N]`` int64 row of each sequence's first segment (varlen) or None."""
-    SEG: int
-    n_rows: int
-    slots: int
-    NS: int
-    table: Optional[Tensor]
-    first: Optional[Tensor]
 
 
 def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
@@ -77,20 +59,6 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     return seg if B * T // N >= 8 * seg else 0
 
 
-def segment_layout(cu_seqlens: Optional[Tensor], B: int, T: int, SEG: int) -> SegmentLayout:
-    """The segment grid of ``B`` rows of ``T`` tokens or of packed sequences; no host sync."""
-    assert SEG % CHUNK == 0
-    if cu_seqlens is None:
-        NS = triton.cdiv(T, SEG)
-        return SegmentLayout(SEG, NS, B * NS, NS, None, None)
-    cu = cu_seqlens.to(torch.int64)
-    counts = (cu[1:] - cu[:-1] + SEG - 1) // SEG
-    first = (torch.cumsum(counts, 0) - counts).contiguous()
-    N = cu.shape[0] - 1
-    rows = max_chunks(T, N, SEG)
-    return SegmentLayout(SEG, rows, rows, 0, chunk_table(cu_seqlens, T, SEG), first)
-
-
 @triton.jit
 def segment_program(cu_ptr, table_ptr, T, NS, H, SEG: tl.constexpr, VARLEN: tl.constexpr):
     """A program of a grid ``(segment rows, B*H)``: ``(sequence (int64), its bounds bos, eos, the segment's
@@ -107,7 +75,7 @@ def segment_program(cu_ptr, table_ptr, T, NS, H, SEG: tl.constexpr, VARLEN: tl.c
 
 
 @triton.jit
-def seq_segments(first_ptr, n, T, NS, eos, bos, SEG: tl.constexpr, VARLEN: tl.constexpr):
+def seq_segments(first_ptr, n, NS, eos, bos, SEG: tl.constexpr, VARLEN: tl.constexpr):
     """Row of sequence ``n``'s first segment and its number of segments."""
     if VARLEN:
         r0 = tl.load(first_ptr + n)
@@ -145,7 +113,6 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr,
         if clean:
             ci = tl.arange(0, G)
             offs = tl.arange(0, BK)
-            eye = (offs[:, None] == offs[None, :]).to(tl.float32)
             delta = tl.zeros([BK, BK], tl.float32)
             alpha = tl.full([], 1.0, tl.float32)
             b = tl.zeros([BK], tl.float32)
@@ -158,15 +125,10 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr,
                     i = ii
                 rows = start + i * G + ci
                 mrow = (i * G + ci) < n
-                kv = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :],
-                             mask=mrow[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
+                kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
                 s = kv * kv
                 X = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-                if HAS_R:
-                    r = tl.load(r_ptr + rows * H + h, mask=mrow, other=1.0).to(tl.float32)
-                else:
-                    r = tl.full([G], 1.0, tl.float32)
-                lg, lgi = decay_logs(r, HAS_R, G)
+                r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
                 lg_end = tl.sum(lgi - lg, 0)
                 ee = tl.exp(lg_end)
                 # W = -X S A = -(alpha X S + X (S Delta)): only S Delta, small next to alpha S, in PREC
@@ -199,7 +161,7 @@ def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_p
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
-    r0, ns = seq_segments(first_ptr, n, T, NS, eos, bos, SEG, VARLEN)
+    r0, ns = seq_segments(first_ptr, n, NS, eos, bos, SEG, VARLEN)
     offs = tl.arange(0, BK)
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
     for j in range(0, ns):
@@ -238,7 +200,7 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
-    r0, ns = seq_segments(first_ptr, n, T, NS, eos, bos, SEG, VARLEN)
+    r0, ns = seq_segments(first_ptr, n, NS, eos, bos, SEG, VARLEN)
     offs = tl.arange(0, BK)
     NG: tl.constexpr = C // G
     slot = bos // C + n
@@ -289,15 +251,17 @@ def _segment_maps(k, retention, cu_seqlens, x, v, flags, seg: int, adjoint: bool
     each segment boundary, and the launch arguments both directions share."""
     B, T, H, K = k.shape
     BK = block_k(K)
-    lay = segment_layout(cu_seqlens, B, T, seg)
+    assert seg % CHUNK == 0
+    lay = chunk_layout(cu_seqlens, B, T, seg)              # "chunks" of seg tokens: the segments
+    slots = lay.n_chunks if lay.varlen else B * lay.NT
     f32 = dict(dtype=torch.float32, device=k.device)
-    amap, bmap = torch.empty(lay.slots, H, BK, BK, **f32), torch.empty(lay.slots, H, BK, **f32)
-    alpha, bound = torch.empty(lay.slots, H, **f32), torch.empty(lay.slots, H, BK, **f32)
+    amap, bmap = torch.empty(slots, H, BK, BK, **f32), torch.empty(slots, H, BK, **f32)
+    alpha, bound = torch.empty(slots, H, **f32), torch.empty(slots, H, BK, **f32)
     cu = cu_seqlens if cu_seqlens is not None else k
     table = lay.table if lay.table is not None else k
     r = retention if retention is not None else k
     common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, BK=BK)
-    _segment_map_kernel[(lay.n_rows, B * H)](k, r, x, v, cu, table, flags, amap, bmap, alpha, T, lay.NS, H, K,
+    _segment_map_kernel[(lay.n_chunks, B * H)](k, r, x, v, cu, table, flags, amap, bmap, alpha, T, lay.NT, H, K,
                                              ADJOINT=adjoint, C=CHUNK, G=GROUP, PREC=precompute_precision(k),
                                              num_warps=MAP_WARPS, **common)
     maps = (amap, bmap, alpha, bound)
@@ -310,10 +274,10 @@ def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg: int, cha
     B, T, H, K = k.shape
     lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, w0, k, seg, False)
     _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
-        d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NS, H, K,
+        d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NT, H, K,
         HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
-    _segment_chain_kernel[(lay.n_rows, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, T, lay.NS, H, K,
-                                               C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
+    _segment_chain_kernel[(lay.n_chunks, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, T, lay.NT, H,
+                                                 K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
 
 
 def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs, flags, dk, dbeta, dr, dd0, ckpt, gck,
@@ -328,8 +292,8 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs,
     traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
     _segment_adjoint_carry_kernel[(N, H)](
         dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], Mbc, fs, flags, dk, dbeta, dr_arg, dd0, ckpt, gck,
-        traj, amap, bmap, alpha, gend, T, lay.NS, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
+        traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
         num_warps=chain_warps, **common)
-    _segment_adjoint_kernel[(lay.n_rows, B * H)](
-        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NS,
+    _segment_adjoint_kernel[(lay.n_chunks, B * H)](
+        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NT,
         H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
