@@ -56,7 +56,9 @@ def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Ten
     """
     s = checks.asym_args(q, k, k_tilde, v, None, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="none")
-    return library.chunk_delta_asym(*checks.contiguous(q, k, k_tilde, v, beta, initial_state, cu_seqlens), scale=s)
+    o, state, _ = library.chunk_delta_asym(*checks.contiguous(q, k, k_tilde, v, beta, initial_state, cu_seqlens),
+                                           scale=s)
+    return o, state
 
 
 def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
@@ -69,8 +71,9 @@ def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="scalar")
-    return library.chunk_gated_delta_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens),
-                                          scale=s)
+    o, state, _ = library.chunk_gated_delta_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state,
+                                                                    cu_seqlens), scale=s)
+    return o, state
 
 
 def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
@@ -84,7 +87,9 @@ def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="channel")
-    return library.chunk_kda_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens), scale=s)
+    o, state, _ = library.chunk_kda_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens),
+                                         scale=s)
+    return o, state
 
 
 def osdn(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Optional[Tensor] = None, *,

@@ -24,9 +24,13 @@ ignore them. ``osdn_ops.precond_scan`` returns only ``(k_tilde, d_final)``.
     chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale)
     chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
     chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
-        -> (o [B,T,H,V], final_state [N,H,V,K] or [N,H,K,V] for KDA)
-    chunk_asym_backward(do, dht, q, k, k_tilde, v, g?, beta, initial_state?, cu_seqlens?, *, scale, gate)
+        -> (o [B,T,H,V], final_state [N,H,V,K] or [N,H,K,V] for KDA, inverse)
+    chunk_asym_backward(do, dht, q, k, k_tilde, v, g?, beta, initial_state?, cu_seqlens?, inverse?, *, scale, gate)
         -> (dq, dk, dk_tilde, dv, dg (g's shape, or [0]), dbeta, dh0 (the state's shape))
+
+``inverse`` is the WY inverse the Triton forward keeps for its backward (fp32 ``[B,T,H,64]``,
+``osdn_ops.triton.asym.saved_shape``); the reference kernels return it empty and ignore it. The
+public functions return only ``(o, final_state)``.
 """
 from __future__ import annotations
 
@@ -40,15 +44,6 @@ from . import reference
 from .checks import state_dtype
 
 Opt = Optional[Tensor]
-
-
-def _cuda_kernel(name: str):
-    """The Triton kernel called ``name`` when Triton is installed, else the reference one."""
-    if importlib.util.find_spec("triton") is None:
-        return getattr(reference, name)
-    from .triton import kernels
-
-    return getattr(kernels, name)
 
 
 def _num_seqs(B, cu_seqlens: Opt):
@@ -149,18 +144,23 @@ torch.library.register_autograd("osdn::precond_scan", _precond_backward, setup_c
 
 @torch.library.custom_op("osdn::chunk_asym_backward", mutates_args=())
 def chunk_asym_backward(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Opt,
-                        beta: Tensor, initial_state: Opt, cu_seqlens: Opt, *, scale: float,
+                        beta: Tensor, initial_state: Opt, cu_seqlens: Opt, inverse: Opt, *, scale: float,
                         gate: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     return reference.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
 
 
 @chunk_asym_backward.register_kernel("cuda")
-def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, gate):
-    return _cuda_kernel("chunk_asym_bwd")(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, *, scale, gate):
+    if not _triton_path(q):
+        return reference.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    from .triton import kernels
+
+    return kernels.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate,
+                                  inverse=inverse)
 
 
 @chunk_asym_backward.register_fake
-def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, gate):
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, *, scale, gate):
     dg = torch.empty_like(g) if g is not None else v.new_empty(0, dtype=state_dtype(v))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k_tilde), torch.empty_like(v), dg,
             torch.empty_like(beta), torch.empty_like(dht))
@@ -169,12 +169,21 @@ def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, g
 def _asym_fake(q, v, cu_seqlens, gate):
     B, T, H, K = q.shape
     shape = reference.state_shape(gate, _num_seqs(B, cu_seqlens), H, K, v.shape[-1])
-    return torch.empty_like(v), v.new_empty(shape, dtype=state_dtype(v))
+    inverse = (0,)
+    if _triton_path(q):
+        from .triton.asym import saved_shape
+
+        inverse = saved_shape(q, v)
+    return torch.empty_like(v), v.new_empty(shape, dtype=state_dtype(v)), q.new_empty(inverse, dtype=torch.float32)
 
 
 def _asym_fwd(device: str, gate: str, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale):
-    fwd = _cuda_kernel("chunk_asym_fwd") if device == "cuda" else reference.chunk_asym_fwd
-    return fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    args = (q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+    if device == "cuda" and _triton_path(q):
+        from .triton import kernels
+
+        return kernels.chunk_asym_fwd(*args, save=True)
+    return reference.chunk_asym_fwd(*args) + (q.new_empty(0, dtype=torch.float32),)
 
 
 def _register_asym_autograd(op, gate: str) -> None:
@@ -186,13 +195,14 @@ def _register_asym_autograd(op, gate: str) -> None:
             g = None
         else:
             q, k, k_tilde, v, g, beta, h0, cu = inputs
-        ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu)
+        ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu, output[2])
+        ctx.mark_non_differentiable(output[2])
         ctx.scale = keyword_only_inputs["scale"]
 
-    def backward(ctx, do, dht):
-        q, k, k_tilde, v, g, beta, h0, cu = ctx.saved_tensors
+    def backward(ctx, do, dht, _dinverse):
+        q, k, k_tilde, v, g, beta, h0, cu, inverse = ctx.saved_tensors
         dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do.contiguous(), dht.contiguous(), q, k, k_tilde, v,
-                                                              g, beta, h0, cu, scale=ctx.scale, gate=gate)
+                                                              g, beta, h0, cu, inverse, scale=ctx.scale, gate=gate)
         dh0 = dh0 if h0 is not None else None
         if gate == "none":
             return dq, dk, dkt, dv, dbeta, dh0, None
@@ -203,7 +213,7 @@ def _register_asym_autograd(op, gate: str) -> None:
 
 @torch.library.custom_op("osdn::chunk_delta_asym", mutates_args=())
 def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, initial_state: Opt,
-                     cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+                     cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     return _asym_fwd("cpu", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale)
 
 
@@ -219,7 +229,7 @@ def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale):
 
 @torch.library.custom_op("osdn::chunk_gated_delta_asym", mutates_args=())
 def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                           initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+                           initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     return _asym_fwd("cpu", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
 
 
@@ -235,7 +245,7 @@ def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
 
 @torch.library.custom_op("osdn::chunk_kda_asym", mutates_args=())
 def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                   initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor]:
+                   initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
     return _asym_fwd("cpu", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
 
 

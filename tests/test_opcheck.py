@@ -41,12 +41,13 @@ def test_opcheck_asym_backward(gate, device):
         pytest.skip("needs CUDA")
     x = asym_problem(gate, B=1, T=11, H=2, K=16, V=16, dtype=torch.float32, cu_seqlens=[0, 6, 11], seed=9,
                      device=device)
-    o, s = library.ASYM_OPS[gate](*([x["q"], x["k"], x["k_tilde"], x["v"]] + ([] if gate == "none" else [x["g"]])),
-                                  x["beta"], x["initial_state"], x["cu_seqlens"], scale=0.5)
+    o, s, inverse = library.ASYM_OPS[gate](*([x["q"], x["k"], x["k_tilde"], x["v"]]
+                                             + ([] if gate == "none" else [x["g"]])),
+                                           x["beta"], x["initial_state"], x["cu_seqlens"], scale=0.5)
     args = (torch.randn_like(o), torch.randn_like(s), x["q"], x["k"], x["k_tilde"], x["v"], x["g"], x["beta"],
             x["initial_state"], x["cu_seqlens"])
-    checks = None
-    opcheck(torch.ops.osdn.chunk_asym_backward.default, args, {"scale": 0.5, "gate": gate}, )
+    for kept in (inverse, None):                      # the forward's WY inverse, or none (recomputed)
+        opcheck(torch.ops.osdn.chunk_asym_backward.default, args + (kept,), {"scale": 0.5, "gate": gate})
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -1,7 +1,8 @@
 """Gradients of the Triton asymmetric delta ops (osdn_ops.triton.asym_bwd) against fp64 autograd.
 
-CPU: the Triton interpreter on tiny shapes, every gradient vs autograd of the token-by-token
-oracle. GPU (skipped without CUDA): real shapes vs fp64 autograd of the chunked reference.
+Tiny shapes (the Triton interpreter on a CPU-only machine, the GPU where there is one): every
+gradient vs autograd of the token-by-token oracle. GPU (skipped without CUDA): real shapes vs
+fp64 autograd of the chunked reference.
 """
 import math
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 import osdn_ops.triton as ot
 from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
 from osdn_ops.triton import asym_chunks
+from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 
 from .inputs import asym_problem, rel_rms
@@ -19,6 +21,7 @@ from .inputs import asym_problem, rel_rms
 NAMES = ["q", "k", "k_tilde", "v", "g", "beta", "initial_state"]
 OPS = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+DEV = "cuda" if torch.cuda.is_available() else "cpu"     # the tiny-shape tests run on either
 
 
 def _triton(gate, x, scale):
@@ -48,7 +51,7 @@ def _check(gate, x, fn=asym_recurrent, tol=1e-4, scale=0.37, seed=0):
         assert err < tol, f"d{name}: rel rms {err:.2e} >= {tol:.0e}"
 
 
-def _problem(gate, T, dtype=torch.float32, B=2, H=2, K=16, V=16, device="cpu", **kw):
+def _problem(gate, T, dtype=torch.float32, B=2, H=2, K=16, V=16, device=DEV, **kw):
     return asym_problem(gate, B=B, T=T, H=H, K=K, V=V, dtype=dtype, requires_grad=True, device=device, **kw)
 
 
@@ -61,7 +64,7 @@ def _strong_decay(x, gate, seed=0):
     return x
 
 
-# ---------------------------------------------------------------- CPU (Triton interpreter)
+# ---------------------------------------------------------------- tiny shapes (interpreter or GPU)
 
 @pytest.mark.parametrize("gate", GATES)
 def test_grads_fp32_three_chunks(gate):
@@ -102,17 +105,35 @@ def test_dense_backward_equals_packed(gate):
     rows given either way get the same gradients (T not a multiple of 64, an initial state)."""
     x = _problem(gate, 70, B=2, seed=7)
     gen = torch.Generator().manual_seed(8)
-    do = torch.randn(x["v"].shape, generator=gen)
-    dht = torch.randn(state_shape(gate, 2, 2, 16, 16), generator=gen)
+    do = torch.randn(x["v"].shape, generator=gen).to(DEV)
+    dht = torch.randn(state_shape(gate, 2, 2, 16, 16), generator=gen).to(DEV)
     flat = {n: None if x[n] is None else x[n].detach() for n in NAMES}
     dense = chunk_asym_bwd(do, dht, flat["q"], flat["k"], flat["k_tilde"], flat["v"], flat["g"], flat["beta"],
                            flat["initial_state"], None, 0.37, gate)
     pk = {n: None if flat[n] is None or n == "initial_state" else flat[n].reshape(1, 140, *flat[n].shape[2:])
           for n in NAMES}
     packed = chunk_asym_bwd(do.reshape(1, 140, 2, 16), dht, pk["q"], pk["k"], pk["k_tilde"], pk["v"], pk["g"],
-                            pk["beta"], flat["initial_state"], torch.tensor([0, 70, 140]), 0.37, gate)
+                            pk["beta"], flat["initial_state"], torch.tensor([0, 70, 140], device=DEV), 0.37, gate)
     for name, a, b in zip(["q", "k", "k_tilde", "v", "g", "beta", "initial_state"], dense, packed):
         torch.testing.assert_close(a.reshape(b.shape), b, rtol=1e-6, atol=1e-6, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("gate", GATES)
+def test_backward_from_kept_inverse(gate):
+    """The backward from the forward's WY inverse (no scores, no inversion) gives bitwise the gradients
+    of the one that recomputes it; a wrong inverse changes them (so it is the one used)."""
+    x = _problem(gate, 150, B=1, cu_seqlens=[0, 70, 70, 150], seed=11)
+    args = [None if x[n] is None else x[n].detach() for n in NAMES] + [x["cu_seqlens"], 0.37, gate]
+    o, final, inverse = chunk_asym_fwd(*args, save=True)
+    assert inverse.shape == saved_shape(x["q"], x["v"]) and inverse.dtype == torch.float32
+    gen = torch.Generator().manual_seed(12)
+    do, dht = torch.randn(o.shape, generator=gen).to(DEV), torch.randn(final.shape, generator=gen).to(DEV)
+    kept = chunk_asym_bwd(do, dht, *args, inverse=inverse)
+    rerun = chunk_asym_bwd(do, dht, *args)
+    for name, a, b in zip(["q", "k", "k_tilde", "v", "g", "beta", "initial_state"], kept, rerun):
+        assert torch.equal(a, b), f"d{name}"
+    wrong = chunk_asym_bwd(do, dht, *args, inverse=inverse * 1.5)
+    assert not torch.equal(wrong[0], kept[0])
 
 
 @pytest.mark.parametrize("gate", GATES)

@@ -10,22 +10,39 @@ import torch
 
 from ..reference import asym as reference
 from .asym_bwd import chunk_asym_bwd
-from .asym_fwd import chunk_layout, chunk_output, chunk_states, gate_cumsum, wy_repr
+from .asym_fwd import CHUNK, chunk_layout, chunk_output, chunk_states, gate_cumsum, wy_repr
 
 MAX_DIM = 256
 
-__all__ = ["chunk_asym_bwd", "chunk_asym_fwd"]
+__all__ = ["chunk_asym_bwd", "chunk_asym_fwd", "saved_shape"]
 
 
-def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
-    """``(o [B,T,H,V] in v.dtype, final_state fp32 in the public layout)``."""
-    if v.dtype == torch.float64 or q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM:
-        return reference.chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+def _reference_only(q, v) -> bool:
+    return v.dtype == torch.float64 or q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM
+
+
+def saved_shape(q, v) -> tuple[int, ...]:
+    """Shape of the inverse that ``chunk_asym_fwd(..., save=True)`` keeps for ``q [B,T,H,K]``, ``v``:
+    ``[B,T,H,64]``, or ``[0]`` where the reference runs."""
+    return (0,) if _reference_only(q, v) else (*q.shape[:3], CHUNK)
+
+
+def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate, save=False):
+    """``(o [B,T,H,V] in v.dtype, final_state fp32 in the public layout)``.
+
+    ``save=True`` appends what the backward can reuse: the WY inverse ``Ainv [B,T,H,64]`` fp32
+    (:func:`wy_repr`), or an empty tensor where the reference ran (fp64, K or V above 256). It is
+    the one forward intermediate kept: a quarter of the bytes of ``W``, ``U`` and the chunk states,
+    and it spares the backward the scores and the inversion (the WY stage's costly part).
+    """
+    if _reference_only(q, v):
+        o, final = reference.chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
+        return (o, final, q.new_empty(0, dtype=torch.float32)) if save else (o, final)
     B, T = q.shape[:2]
     lay = chunk_layout(cu_seqlens, B, T)
     G = None if gate == "none" else gate_cumsum(g, cu_seqlens, layout=lay)
-    _, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
+    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
     h_dtype = torch.float32 if k.dtype == torch.float32 else k.dtype
     h, v_new, final = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=h_dtype)
     o = chunk_output(q, k_tilde, v_new, h, G, scale, cu_seqlens, gate, layout=lay, out_dtype=v.dtype)
-    return o, final
+    return (o, final, Ainv) if save else (o, final)

@@ -23,8 +23,9 @@ gradient of the state at its end)::
    plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
    dg = reverse cumsum of dG within the chunk (summed over channels for the scalar gate).
 
-Forward intermediates (G, T, W, U, the chunk-start states S and Vn) are recomputed with the
-forward's stage functions: the op's forward keeps only o and the final state.
+The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
+fp32); G, W, U (formed from the kept T), the chunk-start states S and Vn are recomputed with the
+forward's stage functions, which keeps the saved activations near the inputs' size.
 Kernels: ``_dv_local`` (P^T dO, parallel), ``_dh`` (the reverse recurrence, one program per
 sequence, head and V block), ``_dqkv`` (step 2, parallel). The channel gate's E terms are matrix
 products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk (``E = e^{G_t - G_0} e^{G_0 - G_j}``, both
@@ -394,9 +395,10 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
 
 
-def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
+def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate, inverse=None):
     """Triton backward: ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)`` (contract of
-    ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32."""
+    ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32. ``inverse``: the
+    WY inverse kept by ``chunk_asym_fwd(..., save=True)`` (None or empty: recomputed)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if q.dtype == torch.float64 or K > 256 or V > 256 or (q.dtype == torch.float32 and K > 128):
@@ -416,7 +418,8 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     cu = cu_seqlens.to(torch.int64) if VARLEN else q
     table, first = (lay.table, lay.first) if VARLEN else (q, q)
     G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
-    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay)
+    kept = inverse if inverse is not None and inverse.numel() > 0 else None
+    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay, inverse=kept)
     BK = block(K)
     PREC = "ieee" if q.dtype == torch.float32 else "tf32"
     # Half inputs: the products round their operands to bf16 (fp32 operand tiles need up to 200 KB of

@@ -6,7 +6,8 @@
 into its own rows of the ``Ainv`` output and completes the inverse there: forward substitution
 on the four diagonal 16 x 16 blocks together, then the block rows below
 (``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``) with fp32 products; ``W`` and ``U`` are then single
-64-row products with the finished inverse.
+64-row products with the finished inverse. Given the inverse of an earlier call (the
+backward's recompute), ``_wy_apply_kernel`` forms only ``W`` and ``U``.
 """
 from __future__ import annotations
 
@@ -171,9 +172,29 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constex
     tl.debug_barrier()
     _merge_blocks(Ainv, start, n, i_h, H, C)
     tl.debug_barrier()
+    _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K, V, BKW, BVW, C, GATE, OP)
+
+
+@triton.jit
+def _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K: tl.constexpr, V: tl.constexpr,
+                   BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
+    """``W = Ainv B (K e^G)``, ``U = Ainv B V`` of the chunk from its finished inverse."""
     Ti = load_tile(Ainv, start, n, 0, 0, i_h, H, C, C, C)
     _apply(W, Ti, k, beta, G, start, n, i_h, H, K, BKW, C, GATE, OP)
     _apply(U, Ti, v, beta, G, start, n, i_h, H, V, BVW, C, 0, OP)
+
+
+@triton.jit
+def _wy_apply_kernel(k, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr, V: tl.constexpr,
+                     BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
+                     IS_VARLEN: tl.constexpr, OP: tl.constexpr):
+    """``W, U`` from an inverse kept by an earlier :func:`wy_repr` (the backward's recompute)."""
+    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
+    i_b, i_h = pid_bh // H, pid_bh % H
+    start, n, _ = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
+    if n <= 0:
+        return
+    _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K, V, BKW, BVW, C, GATE, OP)
 
 
 #: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
@@ -181,28 +202,34 @@ WY_CONFIG = dict(block_out=128, num_warps=4, num_stages=2)
 
 
 def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Tensor],
-            cu_seqlens: Optional[Tensor], gate: str, layout: Optional[ChunkLayout] = None
-            ) -> tuple[Tensor, Tensor, Tensor]:
+            cu_seqlens: Optional[Tensor], gate: str, layout: Optional[ChunkLayout] = None,
+            inverse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """WY representation of each chunk: ``(Ainv, W, U)``.
 
     ``k, k_tilde [B,T,H,K]``, ``v [B,T,H,V]``, ``beta [B,T,H]``, ``G`` from :func:`gate_cumsum`
     (None for gate "none"). Returns ``Ainv [B,T,H,64]`` fp32 (row t = row t of its chunk's
     ``(I + A)^{-1}``, columns past the chunk's end zero), ``W [B,T,H,K]`` and ``U [B,T,H,V]``
     in the input dtype (k.dtype, v.dtype): the half-precision products already round their
-    operands to that type.
+    operands to that type. ``inverse``: the ``Ainv`` of an earlier call on the same inputs; the
+    scores and the inversion are then skipped and only ``W``, ``U`` are formed from it.
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
-    Ainv = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=k.device)
+    Ainv = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=k.device) if inverse is None else inverse
     W = torch.empty_like(k)
     U = torch.empty_like(v)
     lay = layout or chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H == 0:
         return Ainv, W, U
     cfg = WY_CONFIG
-    _wy_kernel[(lay.n_chunks, B * H)](
-        k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
-        H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
-        C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    blocks = dict(BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]), C=CHUNK,
+                  GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype),
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    Gp = k if G is None else G                      # never read when gate == "none"
+    if inverse is None:
+        _wy_kernel[(lay.n_chunks, B * H)](k, k_tilde, v, beta, Gp, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
+                                          H=H, K=K, V=V, BK=block(K), **blocks)
+    else:
+        _wy_apply_kernel[(lay.n_chunks, B * H)](k, v, beta, Gp, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
+                                                H=H, K=K, V=V, **blocks)
     return Ainv, W, U
