@@ -80,8 +80,9 @@ def _channel_factors(G, rows, rm, hh, H, K, BK: tl.constexpr):
 
 @triton.jit
 def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
-                  GATE: tl.constexpr, PREC: tl.constexpr):
-    """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0.
+                  GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
+    """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0
+    (products as :func:`_mm`).
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
     would make the difference positive). Channel gate: one product of ``a eA`` and ``b eB`` when
@@ -96,7 +97,7 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
         if near:
             am = tl.load(a + off, mask=m, other=0.).to(tl.float32) * eA
             bm = tl.load(b + off, mask=m, other=0.).to(tl.float32) * eB
-            s = tl.where(low, tl.dot(am, tl.trans(bm), input_precision=PREC), 0.)
+            s = tl.where(low, _mm(am, tl.trans(bm), PREC, HALF), 0.)
         else:
             s = tl.zeros([64, 64], tl.float32)
             for ch in range(K):
@@ -106,9 +107,9 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
                 gc = tl.load(G + offc, mask=rm, other=0.).to(tl.float32)
                 s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
     else:
-        am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
-        bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
-        s = tl.dot(am, tl.trans(bm), input_precision=PREC)
+        am = tl.load(a + off, mask=m, other=0.)
+        bm = tl.load(b + off, mask=m, other=0.)
+        s = _mm(am, tl.trans(bm), PREC, HALF)
         if GATE == 1:
             gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
             s = s * tl.exp(tl.where(low, gv[:, None] - gv[None, :], float("-inf")))
@@ -140,19 +141,19 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 
 
 @triton.jit
-def _dv_local(q, kt, G, do, dvl, table, cu, T, NT, scale, H, K, V,
-              BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr, PREC: tl.constexpr, VARLEN: tl.constexpr):
-    """dvl [T,H,V] fp32 = P^T dO per chunk (the state-free part of dVn)."""
+def _dv_local(q, kt, G, do, dvl, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
+              GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
+    """dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`)."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
         return
-    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC)
+    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC, HALF)
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
         _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
-        dO = tl.load(do + off, mask=m, other=0.).to(tl.float32)
-        tl.store(dvl + off, tl.dot(tl.trans(P), dO, input_precision=PREC).to(dvl.dtype.element_ty), mask=m)
+        dO = tl.load(do + off, mask=m, other=0.)
+        tl.store(dvl + off, _mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -434,7 +435,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     f32 = dict(dtype=torch.float32, device=dev)
     dvl = torch.empty(B, T, H, V, **work)
     _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)), GATE,
-                      PREC, VARLEN, num_warps=4)
+                      PREC, HALF, VARLEN, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
