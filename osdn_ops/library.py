@@ -121,18 +121,27 @@ def _(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, checkpoints, flags
     return torch.empty_like(k), torch.empty_like(beta), dd0, dr
 
 
+def _grad_or_zeros(grad: Opt, shape, dtype, like: Tensor) -> Tensor:
+    """An output's incoming gradient, contiguous (the kernels index dense tensors, and the gradient of a sum
+    is a broadcast view), or zeros for an output that took none. The ops' autograd does not materialize
+    missing gradients, so the residual outputs (checkpoints, the WY inverse) never get a zero-filled one."""
+    return like.new_zeros(shape, dtype=dtype) if grad is None else grad.contiguous()
+
+
 def _precond_setup(ctx, inputs, keyword_only_inputs, output):
     k, beta, d0, retention, cu_seqlens = inputs
     ctx.save_for_backward(k, beta, d0, retention, cu_seqlens, output[2], output[3])
     ctx.mark_non_differentiable(output[2], output[3])
+    ctx.set_materialize_grads(False)
     ctx.hp = keyword_only_inputs
 
 
 def _precond_backward(ctx, dk_tilde, dd_final, _dcheckpoints, _dflags):
     k, beta, d0, retention, cu_seqlens, ckpt, flags = ctx.saved_tensors
-    # incoming gradients may be broadcast views (the gradient of a sum is an expanded one):
-    # the kernels index dense tensors
-    dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde.contiguous(), dd_final.contiguous(), k, beta, d0, retention,
+    B, T, H, K = k.shape
+    dk_tilde = _grad_or_zeros(dk_tilde, k.shape, k.dtype, k)
+    dd_final = _grad_or_zeros(dd_final, (_num_seqs(B, cu_seqlens), H, K), state_dtype(k), k)
+    dk, dbeta, dd0, dr = precond_scan_backward(dk_tilde, dd_final, k, beta, d0, retention,
                                                cu_seqlens, ckpt, flags, **ctx.hp)
     return dk, dbeta, (dd0 if d0 is not None else None), (dr if retention is not None else None), None
 
@@ -197,12 +206,17 @@ def _register_asym_autograd(op, gate: str) -> None:
             q, k, k_tilde, v, g, beta, h0, cu = inputs
         ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu, output[2])
         ctx.mark_non_differentiable(output[2])
+        ctx.set_materialize_grads(False)
         ctx.scale = keyword_only_inputs["scale"]
 
     def backward(ctx, do, dht, _dinverse):
         q, k, k_tilde, v, g, beta, h0, cu, inverse = ctx.saved_tensors
-        dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do.contiguous(), dht.contiguous(), q, k, k_tilde, v,
-                                                              g, beta, h0, cu, inverse, scale=ctx.scale, gate=gate)
+        B, T, H, K = q.shape
+        V = v.shape[-1]
+        do = _grad_or_zeros(do, (B, T, H, V), v.dtype, v)
+        dht = _grad_or_zeros(dht, reference.state_shape(gate, _num_seqs(B, cu), H, K, V), state_dtype(v), v)
+        dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do, dht, q, k, k_tilde, v, g, beta, h0, cu, inverse,
+                                                              scale=ctx.scale, gate=gate)
         dh0 = dh0 if h0 is not None else None
         if gate == "none":
             return dq, dk, dkt, dv, dbeta, dh0, None

@@ -122,3 +122,26 @@ def test_backward_of_a_single_token_single_head(gate):
     kt, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"], p["retention"])
     (kt.sum() + d.sum()).backward()
     assert all(t.grad is not None for t in (x["q"], x["v"], p["k"], p["retention"]))
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_gradients_when_one_output_is_unused(gate):
+    """An output that takes no gradient counts as a zero seed (the ops' autograd gets None for it)."""
+    x = asym_problem(gate, B=2, T=20, H=2, K=4, V=3, requires_grad=True, seed=12)
+    leaves = [x[n] for n in NAMES if x[n] is not None]
+    o, s = asym_call(ASYM[gate], gate, x)
+    seed_o, seed_s = torch.randn_like(o), torch.randn_like(s)
+    for used, seeds in (((o,), (seed_o,)), ((s,), (seed_s,))):
+        got = torch.autograd.grad(used, leaves, seeds, retain_graph=True, allow_unused=True)
+        want = torch.autograd.grad((o, s), leaves, (seed_o if used[0] is o else torch.zeros_like(o),
+                                                   seed_s if used[0] is s else torch.zeros_like(s)),
+                                   retain_graph=True)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    p = precond_problem(B=2, T=20, H=2, K=4, requires_grad=True, seed=12)
+    kt, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"], p["retention"])
+    seed_d = torch.randn_like(d)
+    got = torch.autograd.grad(d, [p["k"], p["d0"]], seed_d, retain_graph=True)
+    want = torch.autograd.grad((kt, d), [p["k"], p["d0"]], (torch.zeros_like(kt), seed_d))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
