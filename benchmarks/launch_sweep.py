@@ -27,7 +27,7 @@ FWD = {
     "output": (asym_output.OUTPUT_CONFIG, dict(block_v=(64, 128), num_warps=(4, 8), num_stages=(1, 2, 3))),
 }
 #: (DH_WARPS, DH_STAGES, DH_BV, DQKV_WARPS) tried for the backward
-BWD = [(8, 3, 64, 8), (8, 3, 32, 8), (4, 3, 32, 8), (8, 2, 64, 8), (4, 2, 64, 8), (8, 3, 64, 4)]
+BWD = [(8, 3, 64, 8), (8, 3, 32, 8), (4, 3, 32, 8), (8, 2, 64, 8), (4, 2, 64, 8), (8, 3, 64, 4), (8, 3, 64, 16)]
 
 
 def ms(fn) -> float:
