@@ -7,7 +7,7 @@ into its own rows of the ``Ainv`` output and completes the inverse there: forwar
 on the four diagonal 16 x 16 blocks together, then the block rows below
 (``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``) with fp32 products; ``W`` and ``U`` are then single
 64-row products with the finished inverse. Given the inverse of an earlier call (the
-backward's recompute), ``_wy_apply_kernel`` forms only ``W`` and ``U``.
+backward's recompute), the kernel forms only ``W`` and ``U`` (constexpr ``INVERT`` off).
 """
 from __future__ import annotations
 
@@ -160,41 +160,24 @@ def _apply(out, Ti, x_ptr, beta, G, start, n, i_h, H, D: tl.constexpr, BD: tl.co
 @triton.jit
 def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr,
-               GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr):
+               GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr, INVERT: tl.constexpr):
+    """One chunk and head: ``INVERT``: the scores and ``Ainv`` into the Ainv rows, then ``W, U``; else
+    ``W, U`` from the inverse already in those rows (kept by an earlier call)."""
     pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_h = pid_bh // H, pid_bh % H
     start, n, _ = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
     if n <= 0:
         return
-    _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP)
-    tl.debug_barrier()
-    _invert_diagonal(Ainv, start, n, i_h, H, C)
-    tl.debug_barrier()
-    _merge_blocks(Ainv, start, n, i_h, H, C)
-    tl.debug_barrier()
-    _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K, V, BKW, BVW, C, GATE, OP)
-
-
-@triton.jit
-def _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K: tl.constexpr, V: tl.constexpr,
-                   BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
-    """``W = Ainv B (K e^G)``, ``U = Ainv B V`` of the chunk from its finished inverse."""
+    if INVERT:
+        _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP)
+        tl.debug_barrier()
+        _invert_diagonal(Ainv, start, n, i_h, H, C)
+        tl.debug_barrier()
+        _merge_blocks(Ainv, start, n, i_h, H, C)
+        tl.debug_barrier()
     Ti = load_tile(Ainv, start, n, 0, 0, i_h, H, C, C, C)
     _apply(W, Ti, k, beta, G, start, n, i_h, H, K, BKW, C, GATE, OP)
     _apply(U, Ti, v, beta, G, start, n, i_h, H, V, BVW, C, 0, OP)
-
-
-@triton.jit
-def _wy_apply_kernel(k, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr, V: tl.constexpr,
-                     BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                     IS_VARLEN: tl.constexpr, OP: tl.constexpr):
-    """``W, U`` from an inverse kept by an earlier :func:`wy_repr` (the backward's recompute)."""
-    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
-    i_b, i_h = pid_bh // H, pid_bh % H
-    start, n, _ = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
-    if n <= 0:
-        return
-    _apply_inverse(Ainv, k, v, beta, G, W, U, start, n, i_h, H, K, V, BKW, BVW, C, GATE, OP)
 
 
 #: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
@@ -222,14 +205,9 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
     if lay.n_chunks * B * H == 0:
         return Ainv, W, U
     cfg = WY_CONFIG
-    blocks = dict(BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]), C=CHUNK,
-                  GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype),
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    Gp = k if G is None else G                      # never read when gate == "none"
-    if inverse is None:
-        _wy_kernel[(lay.n_chunks, B * H)](k, k_tilde, v, beta, Gp, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
-                                          H=H, K=K, V=V, BK=block(K), **blocks)
-    else:
-        _wy_apply_kernel[(lay.n_chunks, B * H)](k, v, beta, Gp, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
-                                                H=H, K=K, V=V, **blocks)
+    _wy_kernel[(lay.n_chunks, B * H)](
+        k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
+        H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
+        C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype), INVERT=inverse is None,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return Ainv, W, U
