@@ -124,10 +124,9 @@ def test_backward_of_a_single_token_single_head(gate):
     assert all(t.grad is not None for t in (x["q"], x["v"], p["k"], p["retention"]))
 
 
-@pytest.mark.parametrize("gate", list(ASYM))
-def test_gradients_when_one_output_is_unused(gate):
+def _unused_output_case(gate, device, dtype):
     """An output that takes no gradient counts as a zero seed (the ops' autograd gets None for it)."""
-    x = asym_problem(gate, B=2, T=20, H=2, K=4, V=3, requires_grad=True, seed=12)
+    x = asym_problem(gate, B=2, T=20, H=2, K=4, V=3, dtype=dtype, requires_grad=True, seed=12, device=device)
     leaves = [x[n] for n in NAMES if x[n] is not None]
     o, s = asym_call(ASYM[gate], gate, x)
     seed_o, seed_s = torch.randn_like(o), torch.randn_like(s)
@@ -138,10 +137,22 @@ def test_gradients_when_one_output_is_unused(gate):
                                    retain_graph=True)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
-    p = precond_problem(B=2, T=20, H=2, K=4, requires_grad=True, seed=12)
+    p = precond_problem(B=2, T=20, H=2, K=4, dtype=dtype, requires_grad=True, seed=12, device=device)
     kt, d = osdn_ops.precond_scan(p["k"], p["beta"], p["d0"], p["retention"])
     seed_d = torch.randn_like(d)
     got = torch.autograd.grad(d, [p["k"], p["d0"]], seed_d, retain_graph=True)
     want = torch.autograd.grad((kt, d), [p["k"], p["d0"]], (torch.zeros_like(kt), seed_d))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_gradients_when_one_output_is_unused(gate):
+    _unused_output_case(gate, "cpu", torch.float64)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("gate", list(ASYM))
+def test_gpu_gradients_when_one_output_is_unused(gate):
+    """The same on the Triton kernels (fp32)."""
+    _unused_output_case(gate, "cuda", torch.float32)
