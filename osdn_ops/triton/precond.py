@@ -3,7 +3,8 @@
 Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 ``retention [B,T,H]`` or None (ones), ``cu_seqlens [N+1]`` or None (N = B).
 ``precond_scan_fwd -> (k_tilde [B,T,H,K] in k's dtype, d_final [N,H,K] fp32)``, with ``save=True`` followed by
-the backward's residuals ``(checkpoints, flags)`` (``saved_shapes``);
+the backward's residuals ``(checkpoints, flags)`` (``saved_shapes``; ``checkpoints`` holds ``d`` at every group
+start and every token's ``w``);
 ``precond_scan_bwd -> (dk, dbeta, dd0 [N,H,K] fp32, dretention or empty [0] fp32)``; given the residuals
 (``saved``) it does not rerun the forward.
 
@@ -12,7 +13,7 @@ Two forms (``form``):
 * ``"parallel"`` (default): a parallel precompute over all 16-token groups (``precond_parallel``);
   one program per (sequence, head) carries only ``d`` from group to group, three short dependent
   steps per 16 tokens instead of 16 dependent K-reductions (``precond_chain``); a parallel pass forms
-  ``k_tilde`` from the chain's checkpoints and flags the chunks where a clamp fires (or that start with
+  ``k_tilde`` from the chain's checkpoints and per-token ``w`` and flags the chunks where a clamp fires (or that start with
   a coordinate pinned on a bound and pointing outward), and a fixup redoes each sequence from its
   first flagged chunk, token by token where needed (``precond_fwd``). The backward's adjoint runs the
   same way (``precond_bwd``).
@@ -28,8 +29,8 @@ import torch
 
 from .. import reference
 from .precond_bwd import backward
-from .precond_fwd import forward_pass
-from .precond_tokens import CHUNK, GROUP, block_k, flag_slots
+from .precond_fwd import forward_pass, residuals
+from .precond_tokens import flag_slots
 
 MAX_K = 256
 FORMS = ("parallel", "tokens")
@@ -48,15 +49,14 @@ def _use_reference(k) -> bool:
 
 
 def saved_shapes(k, cu_seqlens) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Shapes of the forward's residuals for the backward: ``d`` at every 16-token group start
-    (``[4 * flag_slots, H, BK]`` fp32) and the chunks that ran token by token (``[flag_slots, H]`` int32);
-    ``(0,)`` each where the reference kernels run (they keep nothing).
+    """Shapes of the forward's residuals for the backward: one flat fp32 buffer with ``d`` at every 16-token
+    group start and every token's ``w`` (``precond_fwd.residual_views``), and the chunks that ran token by
+    token (``[flag_slots, H]`` int32); ``(0,)`` each where the reference kernels run (they keep nothing).
 
-    Keeping them costs an eighth of the bf16 keys' bytes and saves the backward a second forward chain."""
+    Keeping them costs about an eighth of the bf16 keys' bytes and saves the backward a second forward chain."""
     if _use_reference(k):
         return (0,), (0,)
-    slots, H = flag_slots(k, cu_seqlens), k.shape[2]
-    return (slots * (CHUNK // GROUP), H, block_k(k.shape[-1])), (slots, H)
+    return (residuals(k, cu_seqlens),), (flag_slots(k, cu_seqlens), k.shape[2])
 
 
 def precond_scan_fwd(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, form=None, save=False):

@@ -6,17 +6,19 @@ Shapes as in ``precond``: ``dk_tilde [B,T,H,K]``, ``dd_final [N,H,K]`` -> ``dk``
 What is saved and what is recomputed: storing the whole trajectory ``d_t`` would cost a fp32
 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once. The forward keeps instead what its
 chain wrote anyway: ``d`` at every 16-token group start (``[4 * slots, H, BK]`` fp32, an eighth of the
-bf16 keys' bytes) and which chunks ran token by token (``saved``); the backward rebuilds every ``d_t`` of a
-group from its checkpoint. Without them (``saved=None``) the forward runs again (``precond_fwd``, same
-form, no ``k_tilde``). Then, in the chunk-parallel form:
+bf16 keys' bytes), every token's ``w`` (``[B*T, H]`` fp32, 4 bytes a token and head) and which chunks ran
+token by token (``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with
+a cumulative sum. Without them (``saved=None``) the forward runs again (``precond_fwd``, same form, no
+``k_tilde``). Then, in the chunk-parallel form:
 
-1. the precompute with the adjoint terms (``precond_parallel``, parallel over groups);
+1. the precompute with the adjoint terms (``precond_parallel``, parallel over groups; the forward's ``M`` and
+   ``w0`` only when the forward runs again);
 2. the adjoint chain (``precond_chain._adjoint_kernel``, one program per (sequence, head), chunks
    backwards; in two levels for few long sequences, ``precond_segments``): the gradient at every group
-   end, three short dependent steps per group; a chunk that ran token by token in the forward gets its
-   whole adjoint here, token by token (``tokens_adjoint``);
-3. the adjoint pass (``_adjoint_out_kernel``, parallel over chunks): every other chunk's token gradients
-   from its checkpoints, group by group (``precond_parallel.group_adjoint``).
+   end and every token's ``sigma``, three short dependent steps per group; a chunk that ran token by token
+   in the forward gets its whole adjoint here, token by token (``tokens_adjoint``);
+3. the adjoint pass (``_adjoint_out_kernel``, parallel over groups): every other chunk's token gradients
+   from its checkpoints, ``w`` and ``sigma``, group by group (``precond_parallel.group_adjoint``).
 
 The token form runs step 2 with every chunk token by token. The token adjoint is in ``precond_tokens``.
 """
@@ -36,19 +38,20 @@ from .precond_tokens import CHUNK, GROUP, block_k, sequences
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
-def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, flag_ptr,
-                        ckpt_ptr, gck_ptr, dk_ptr, dbeta_ptr, dr_ptr, T, NT, H, K, eta, d_min, d_max, eps,
-                        HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr,
-                        G: tl.constexpr, BK: tl.constexpr):
+def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, w_ptr, sig_ptr, flag_ptr, ckpt_ptr,
+                        gck_ptr, dk_ptr, dbeta_ptr, dr_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr,
+                        VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                        BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: token gradients of a group whose chunk the
-    forward did not flag, from ``d`` at the group's start (``ckpt``) and the gradient at its end (``gck``)."""
+    forward did not flag, from ``d`` at the group's start (``ckpt``), the gradient at its end (``gck``) and the
+    tokens' ``w`` and ``sigma``."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     if gi * G < n:
         if tl.load(flag_ptr + row * H + h) == 0:
             r = (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK)
-            group_adjoint(tl.load(gck_ptr + r), tl.load(ckpt_ptr + r), k_ptr, beta_ptr, r_ptr, dkt_ptr, m_ptr, w0_ptr,
-                          mb_ptr, h0_ptr, dk_ptr, dbeta_ptr, dr_ptr, start + gi * G, start + n, h, H, K, eta, d_min,
-                          d_max, eps, HAS_R, BETA_AWARE, G, BK)
+            group_adjoint(tl.load(gck_ptr + r), tl.load(ckpt_ptr + r), k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr,
+                          dk_ptr, dbeta_ptr, dr_ptr, start + gi * G, start + n, h, H, K, eta, eps, HAS_R, BETA_AWARE,
+                          G, BK)
 
 
 def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
@@ -56,7 +59,7 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     """Launch the backward (see the module docstring); returns ``(dk, dbeta, dd0, dretention)``.
 
     ``parallel``: the chunk-parallel form (the token loop where its check fails), else the token loop.
-    ``saved``: the forward's ``(checkpoints, flags)`` (``precond.saved_shapes``); None reruns the forward chain.
+    ``saved``: the forward's ``(residuals, flags)`` (``precond.saved_shapes``); None reruns the forward chain.
     """
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
@@ -75,31 +78,32 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     flags_v = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware))
     lay = chunk_layout(cu_seqlens, B, T) if parallel else None
     if parallel:
-        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay)
+        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay,
+                                            forward_terms=saved is None)
     else:
-        M = w0 = Mb = Mbc = h0 = fs = dummy
+        Mb = Mbc = h0 = fs = dummy
     if saved is None:
-        _, _, flags, ckpt = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
-                                         parallel, store_kt=False, keep=True, scratch=(M, w0) if parallel else None,
-                                         layout=lay)
+        _, _, flags, res = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
+                                        parallel, store_kt=False, keep=True, scratch=(M, w0) if parallel else None,
+                                        layout=lay)
     else:
-        ckpt, flags = saved
+        res, flags = saved
+    ckpt, w = precond_fwd.residual_views(res, k, cu_seqlens)
     gck = torch.empty_like(ckpt) if parallel else dummy
     seg = segments.segment_tokens(k, cu_seqlens) if parallel else 0
     if seg:
-        segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, Mbc, fs, flags, dk,
-                                 dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
+        segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, Mb, Mbc, h0, fs,
+                                 flags, dk, dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
                                  precond_fwd.CHAIN_WARPS)
     else:
         traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
         _adjoint_kernel[(N, H)](
-            dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mbc, fs,
+            dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mb, Mbc, h0, fs,
             flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
             T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
             BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)
-    if parallel:
+    if parallel:                            # h0 now holds sigma (the adjoint chain wrote it over h0)
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
-            dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, Mb, h0,
-            flags, ckpt, gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(d_min), float(d_max),
-            float(eps), C=CHUNK, G=GROUP, BK=BK, num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
+            dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, w, h0, flags, ckpt,
+            gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(eps), C=CHUNK, G=GROUP, BK=BK, num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
     return dk, dbeta, dd0, dr

@@ -5,14 +5,17 @@ Notation of ``precond_parallel``. Per group, with ``s_t = k_t^2`` and ``e_t = ex
 
 * forward (``chain_step``): ``p = S d``, ``w = w0 - M p``, ``d_end = exp(Gam_end) d + sum_t e_t w_t s_t``;
 * adjoint (``adjoint_step``, groups in reverse): ``q = S g``, ``u = Mbc q``,
-  ``g_start = exp(Gam_end) g + fsum - sum_t u_t s_t``, with ``Mbc`` and ``fsum`` from the precompute.
+  ``g_start = exp(Gam_end) g + fsum - sum_t u_t s_t``, with ``Mbc`` and ``fsum`` from the precompute; off the
+  serial path, ``sigma = h0 + Mb q``.
 
 Each is three short dependent reductions. The forward chain applies no clamp: it writes ``d`` at every
-group start (``ckpt``) and a provisional ``d_final``; the output pass (``precond_fwd``) checks every
-group from its checkpoint, writes ``k_tilde`` and flags the chunks whose pre-clamp values leave the box,
-and a fixup pass reruns each sequence from its first flagged chunk. The adjoint chain writes the
-gradient at every group end (``gck``, same rows as ``ckpt``) for the parallel adjoint pass, and runs
-chunks the forward flagged token by token itself.
+group start (``ckpt``), every token's ``w`` and a provisional ``d_final``; the output pass (``precond_fwd``)
+forms each group's ``d_t`` from its checkpoint and ``w`` (a cumulative sum, no reduction over K), writes
+``k_tilde`` and flags the chunks whose pre-clamp values leave the box, and a fixup pass reruns each sequence
+from its first flagged chunk. The adjoint chain writes the gradient at every group end (``gck``, same rows as
+``ckpt``) and every token's ``sigma`` for the parallel adjoint pass, and runs chunks the forward flagged token
+by token itself. The forward keeps ``ckpt`` and ``w`` for the backward, whose adjoint pass so needs neither
+``M`` nor ``Mb``.
 
 Inputs of a group do not depend on the chain, so each program loads them two groups ahead (raw, in
 their own dtype: a conversion at load time would wait for the load).
@@ -26,6 +29,14 @@ from .precond_tokens import decay_logs, load_d0, sequence_bounds, tokens_adjoint
 
 
 @triton.jit
+def raw_matrix(x_ptr, t0, t1, h, H, G: tl.constexpr):
+    """A ``[G, G]`` fp32 per-row matrix (M, Mb or Mbc) of tokens ``[t0, min(t0 + G, t1))``; zeros past the end."""
+    ci = tl.arange(0, G)
+    rows = t0 + ci
+    return tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=(rows < t1)[:, None], other=0.0)
+
+
+@triton.jit
 def raw_rows(k_ptr, x_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
     """Keys ``[G, BK]`` and a ``[G, G]`` fp32 per-row matrix (M or Mbc) of tokens ``[t0, min(t0 + G, t1))``,
     unconverted; zeros past the end."""
@@ -35,8 +46,7 @@ def raw_rows(k_ptr, x_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
     mrow = rows < t1
     kv = tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :], mask=mrow[:, None] & (offs < K)[None, :],
                  other=0.0)
-    x = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-    return kv, x
+    return kv, raw_matrix(x_ptr, t0, t1, h, H, G)
 
 
 @triton.jit
@@ -48,24 +58,27 @@ def raw_scalars(ptr, t0, t1, h, H, other, G: tl.constexpr):
 
 @triton.jit
 def chain_step(d, kv, M, w0, r, HAS_R: tl.constexpr, G: tl.constexpr):
-    """``d`` at the end of a group from ``d`` at its start (raw inputs from ``raw_rows``/``raw_scalars``)."""
+    """``(d at the end of a group, the group's w [G])`` from ``d`` at its start (raw inputs from
+    ``raw_rows``/``raw_scalars``)."""
     s = kv.to(tl.float32) * kv.to(tl.float32)
     p = tl.sum(s * d[None, :], 1)
     w = w0 - tl.sum(M * p[None, :], 1)
     lg, lgi = decay_logs(r, HAS_R, G)
     lg_end = tl.sum(lgi - lg, 0)
-    return tl.exp(lg_end) * d + tl.sum((tl.exp(tl.minimum(lg_end - lgi, 0.0)) * w)[:, None] * s, 0)
+    return tl.exp(lg_end) * d + tl.sum((tl.exp(tl.minimum(lg_end - lgi, 0.0)) * w)[:, None] * s, 0), w
 
 
 @triton.jit
-def adjoint_step(g, kv, Mbc, r, fsum, HAS_R: tl.constexpr, G: tl.constexpr):
-    """The gradient at a group's start from ``g`` at its end (raw inputs, zeros past the end)."""
+def adjoint_step(g, kv, Mb, Mbc, h0, r, fsum, HAS_R: tl.constexpr, G: tl.constexpr):
+    """``(the gradient at a group's start, the group's sigma [G])`` from ``g`` at its end (raw inputs, zeros
+    past the end); sigma is off the serial path."""
     s = kv.to(tl.float32) * kv.to(tl.float32)
     q = tl.sum(s * g[None, :], 1)
     u = tl.sum(Mbc * q[None, :], 1)
+    sigma = h0 + tl.sum(Mb * q[None, :], 1)
     lg, lgi = decay_logs(r, HAS_R, G)
     lg_end = tl.sum(lgi - lg, 0)
-    return tl.exp(lg_end) * g + fsum - tl.sum(u[:, None] * s, 0)
+    return tl.exp(lg_end) * g + fsum - tl.sum(u[:, None] * s, 0), sigma
 
 
 @triton.jit
@@ -90,73 +103,82 @@ def chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i, h, H, K, HAS_R: tl.const
 
 
 @triton.jit
-def adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i, h, H, K, HAS_R: tl.constexpr,
+def adjoint_raw(k_ptr, mb_ptr, mbc_ptr, h0_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i, h, H, K, HAS_R: tl.constexpr,
                 C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Raw inputs of adjoint group ``i``: keys, Mbc, retention, fsum and its chunk's flag (zeros for
+    """Raw inputs of adjoint group ``i``: keys, Mb, Mbc, h0, retention, fsum and its chunk's flag (zeros for
     ``i < 0``)."""
     t0, t1 = group_bounds(bos, eos, i, G)
     kv, mbc = raw_rows(k_ptr, mbc_ptr, t0, t1, h, H, K, G, BK)
+    mb = raw_matrix(mb_ptr, t0, t1, h, H, G)
+    h0 = raw_scalars(h0_ptr, t0, t1, h, H, 0.0, G)
     if HAS_R:
         r = raw_scalars(r_ptr, t0, t1, h, H, 1.0, G)
     else:
         r = tl.full([G], 1.0, tl.float32)
     f = tl.load(fs + i * H * BK + tl.arange(0, BK), mask=i >= 0, other=0.0)
     fl = tl.load(flag_ptr + (slot + i // (C // G)) * H + h, mask=i >= 0, other=0)
-    return kv, mbc, r, f, fl
+    return kv, mb, mbc, h0, r, f, fl
 
 
 @triton.jit
-def chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, i_lo, i_hi, h, H, K, HAS_R: tl.constexpr,
+def chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, i_lo, i_hi, h, H, K, HAS_R: tl.constexpr,
                  G: tl.constexpr, BK: tl.constexpr):
     """The forward chain over groups ``[i_lo, i_hi)`` of the sequence ``[bos, eos)`` from ``d`` at group
-    ``i_lo``'s start: ``d`` at each group start to ``ckpt + i * H*BK``; returns ``d`` after group ``i_hi - 1``."""
+    ``i_lo``'s start: ``d`` at each group start to ``ckpt + i * H*BK``, each token's ``w`` to ``w_ptr`` (rows as
+    the keys'); returns ``d`` after group ``i_hi - 1``."""
     offs = tl.arange(0, BK)
     ka, ma, wa, ra = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i_lo, h, H, K, HAS_R, G, BK)
     kb, mb, wb, rb = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i_lo + 1, h, H, K, HAS_R, G, BK)
     for i in range(i_lo, i_hi):
         kc, mc, wc, rc = chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i + 2, h, H, K, HAS_R, G, BK)
         tl.store(ckpt + i * H * BK + offs, d)
-        d = chain_step(d, ka, ma, wa, ra, HAS_R, G)
+        d, w = chain_step(d, ka, ma, wa, ra, HAS_R, G)
+        t0, t1 = group_bounds(bos, eos, i, G)
+        rows = t0 + tl.arange(0, G)
+        tl.store(w_ptr + rows * H + h, w, mask=rows < t1)
         ka, ma, wa, ra, kb, mb, wb, rb = kb, mb, wb, rb, kc, mc, wc, rc
     return d
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
-def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_ptr, T, H, K,
+def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_ptr, w_ptr, T, H, K,
                   HAS_D0: tl.constexpr, HAS_R: tl.constexpr, VARLEN: tl.constexpr, C: tl.constexpr,
                   G: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H): the forward chain; ``d`` at group i's start goes to ckpt row ``(C/G * slot + i) * H + h``
-    (``slot = bos // C + n``), the unclamped ``d`` at the sequence's end to ``dfin``."""
+    (``slot = bos // C + n``), each token's ``w`` to ``w_ptr``, the unclamped ``d`` at the sequence's end to
+    ``dfin``."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
     d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
     offs = tl.arange(0, BK)
     ckpt = ckpt_ptr + ((C // G) * (bos // C + n) * H + h) * BK
-    d = chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, 0, (eos - bos + G - 1) // G, h, H, K, HAS_R, G,
-                     BK)
+    d = chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, 0, (eos - bos + G - 1) // G, h, H, K,
+                     HAS_R, G, BK)
     tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
 @triton.jit
-def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt, gck,
-                   traj, bos, eos, slot, i_lo, i_hi, h, H, K, eta, d_min, d_max, eps, HAS_R: tl.constexpr,
-                   BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr, fs, flag_ptr, dk_ptr, dbeta_ptr,
+                   dr_ptr, ckpt, gck, traj, bos, eos, slot, i_lo, i_hi, h, H, K, eta, d_min, d_max, eps,
+                   HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                   BK: tl.constexpr):
     """The adjoint chain over groups ``i_hi - 1`` down to ``i_lo`` (whole chunks) of the sequence ``[bos, eos)``
-    from the gradient ``g`` at group ``i_hi - 1``'s end: ``g`` at each group's end to ``gck + i * H*BK``; a
-    chunk that ``flag`` marks runs the token adjoint instead (its token gradients are written here). Returns
-    the gradient at group ``i_lo``'s start."""
+    from the gradient ``g`` at group ``i_hi - 1``'s end: ``g`` at each group's end to ``gck + i * H*BK`` and each
+    token's sigma over its ``h0`` at ``hs_ptr`` (rows as the keys'; each is read once, by the step that writes
+    it); a chunk that ``flag`` marks runs the token adjoint instead (its token gradients are written here).
+    Returns the gradient at group ``i_lo``'s start."""
     offs = tl.arange(0, BK)
     NG: tl.constexpr = C // G
     ng = (eos - bos + G - 1) // G
-    ka, ma, ra, fa, la = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i_hi - 1, h, H, K, HAS_R,
-                                     C, G, BK)
-    kb, mb, rb, fb, lb = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i_hi - 2, h, H, K, HAS_R,
-                                     C, G, BK)
+    ka, pa, ma, ha, ra, fa, la = adjoint_raw(k_ptr, mb_ptr, mbc_ptr, hs_ptr, r_ptr, fs, flag_ptr, bos, eos, slot,
+                                             i_hi - 1, h, H, K, HAS_R, C, G, BK)
+    kb, pb, mb, hb, rb, fb, lb = adjoint_raw(k_ptr, mb_ptr, mbc_ptr, hs_ptr, r_ptr, fs, flag_ptr, bos, eos, slot,
+                                             i_hi - 2, h, H, K, HAS_R, C, G, BK)
     for ii in range(0, i_hi - i_lo):
         i = i_hi - 1 - ii
-        kc, mc, rc, fc, lc = adjoint_raw(k_ptr, mbc_ptr, r_ptr, fs, flag_ptr, bos, eos, slot, i - 2, h, H, K,
-                                         HAS_R, C, G, BK)
+        kc, pc, mc, hc, rc, fc, lc = adjoint_raw(k_ptr, mb_ptr, mbc_ptr, hs_ptr, r_ptr, fs, flag_ptr, bos, eos, slot,
+                                                 i - 2, h, H, K, HAS_R, C, G, BK)
         if la != 0:
             if (i % NG == NG - 1) | (i == ng - 1):          # the chunk's last group: the whole chunk
                 j = i // NG
@@ -166,15 +188,18 @@ def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs, flag_ptr, dk
                                    eps, HAS_R, BETA_AWARE, G, BK)
         else:
             tl.store(gck + i * H * BK + offs, g)
-            g = adjoint_step(g, ka, ma, ra, fa, HAS_R, G)
-        ka, ma, ra, fa, la = kb, mb, rb, fb, lb
-        kb, mb, rb, fb, lb = kc, mc, rc, fc, lc
+            g, sigma = adjoint_step(g, ka, pa, ma, ha, ra, fa, HAS_R, G)
+            t0, t1 = group_bounds(bos, eos, i, G)
+            rows = t0 + tl.arange(0, G)
+            tl.store(hs_ptr + rows * H + h, sigma, mask=rows < t1)
+        ka, pa, ma, ha, ra, fa, la = kb, pb, mb, hb, rb, fb, lb
+        kb, pb, mb, hb, rb, fb, lb = kc, pc, mc, hc, rc, fc, lc
     return g
 
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
-def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mbc_ptr, fs_ptr, flag_ptr, dk_ptr,
-                    dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps,
+def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, mbc_ptr, hs_ptr, fs_ptr, flag_ptr,
+                    dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps,
                     HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                     C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H): the serial adjoint from ``dd_final`` back to ``dd0``.
@@ -182,7 +207,8 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mbc_ptr, f
     ``PARALLEL``: the adjoint chain, writing ``g`` at each group's end to ``gck`` (rows as ``ckpt``), and
     the token loop for the chunks ``flag`` marks (chunk rows ``slot + j``); they get their token gradients
     here. Otherwise every chunk runs the token loop. ``ckpt``: ``d`` at group starts (the forward's);
-    ``traj`` ``[N*H, C, BK]`` scratch; ``mbc``, ``fs``: the precompute's adjoint terms for the chain."""
+    ``traj`` ``[N*H, C, BK]`` scratch; ``mb``, ``mbc``, ``hs`` (h0, overwritten by sigma), ``fs``: the
+    precompute's adjoint terms for the chain."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -193,9 +219,10 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mbc_ptr, f
     g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
     traj = traj_ptr + (n * H + h) * C * BK
     if PARALLEL:
-        g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
-                           dk_ptr, dbeta_ptr, dr_ptr, ckpt, gck_ptr + (NG * slot * H + h) * BK, traj, bos, eos, slot,
-                           0, (eos - bos + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
+        g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+                           fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt,
+                           gck_ptr + (NG * slot * H + h) * BK, traj, bos, eos, slot, 0, (eos - bos + G - 1) // G, h, H,
+                           K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
     else:
         nc = (eos - bos + C - 1) // C
         for jj in range(0, nc):

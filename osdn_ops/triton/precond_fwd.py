@@ -1,9 +1,9 @@
 """Triton precond_scan forward (DESIGN §3), in either form; shapes as in ``precond``.
 
 Chunk-parallel form, four launches: the precompute (``precond_parallel``, parallel over groups), the
-chain (``precond_chain``, serial: ``d`` at every group start, no clamp; in two levels for few long
-sequences, ``precond_segments``), the output pass (parallel over
-chunks: each group's ``d_t`` from its checkpoint, ``k_tilde``, and a flag on every chunk where a
+chain (``precond_chain``, serial: ``d`` at every group start and every token's ``w``, no clamp; in two levels
+for few long sequences, ``precond_segments``), the output pass (parallel over
+groups: each group's ``d_t`` from its checkpoint and ``w``, ``k_tilde``, and a flag on every chunk where a
 pre-clamp value leaves the box) and the fixup (serial, usually idle: from a sequence's first flagged
 chunk on, where the unclamped chain is wrong, the per-chunk parallel form with the token loop as its
 fallback, rewriting ``k_tilde``, checkpoints, flags and ``d_final``). Token form: one serial launch.
@@ -19,7 +19,7 @@ import triton.language as tl
 from . import precond_segments as segments
 from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
-from .precond_parallel import advance, group_program, group_step, num_warps, precompute
+from .precond_parallel import advance, group_outputs, group_program, num_warps, precompute
 from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, load_d0, scan_tokens, sequence_bounds,
                              sequences)
 
@@ -30,24 +30,17 @@ ADJOINT_OUT_WARPS = 2
 
 
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
-def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, ckpt_ptr, kt_ptr, flag_ptr, T, NT, H, K, d_min,
-                d_max, HAS_R: tl.constexpr, VARLEN: tl.constexpr, STORE_KT: tl.constexpr, C: tl.constexpr,
-                G: tl.constexpr, BK: tl.constexpr):
+def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_ptr, T, NT, H, K, d_min, d_max,
+                HAS_R: tl.constexpr, VARLEN: tl.constexpr, STORE_KT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: ``k_tilde`` of the group (``STORE_KT``) from the
-    chain's checkpoint, and its chunk's flag raised to 1 (an atomic max: the order of the four groups
+    chain's checkpoint and ``w``, and its chunk's flag raised to 1 (an atomic max: the order of the four groups
     does not matter) where some pre-clamp value lies outside the box or is NaN."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     if gi * G < n:
-        ci = tl.arange(0, G)
-        offs = tl.arange(0, BK)
-        d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + offs)
-        t0 = start + gi * G
-        D, kv, d_end, bad = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, start + n, h, H, K, d_min, d_max, HAS_R,
-                                       G, BK)
-        if STORE_KT:
-            m = (gi * G + ci < n)[:, None] & (offs < K)[None, :]
-            tl.store(kt_ptr + ((t0 + ci)[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
-                     mask=m)
+        d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK))
+        bad = group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, start + gi * G, start + n, h, H, K, d_min, d_max, HAS_R,
+                            STORE_KT, G, BK)
         tl.atomic_max(flag_ptr + row * H + h, tl.max(bad, 0))
 
 
@@ -64,14 +57,14 @@ def first_flagged(flag_ptr, slot, nchunks, h, H, FB: tl.constexpr):
 
 @triton.jit(do_not_specialize=["T", "H", "K"])
 def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr,
-                        T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
+                        w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                         STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                         BK: tl.constexpr):
     """Grid (N, H). ``PARALLEL``: the fixup (nothing to do unless a chunk of the sequence is flagged; chunk
     j's flag at row ``slot + j`` with ``slot = bos // C + n``, rewritten: 1 where the token loop ran).
     Otherwise the whole token loop. ``STORE_CKPT``: ``d`` at the start of chunk j's group i to
-    ``ckpt[4 * (slot + j) + i, h, :BK]``."""
+    ``ckpt[4 * (slot + j) + i, h, :BK]`` (and, in the fixup, the tokens' ``w`` of the chunks that pass)."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -86,7 +79,7 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
             for t0 in range(bos + first * C, eos, C):
                 row = slot + (t0 - bos) // C
                 d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr,
-                                       ckpt + (t0 - bos) // G * H * BK, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
+                                       ckpt + (t0 - bos) // G * H * BK, w_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
                                        d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
                 tl.store(flag_ptr + row * H + h, fell_back)
             tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
@@ -97,15 +90,29 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
         tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
+def residuals(k, cu_seqlens) -> int:
+    """Size of what the forward keeps for the backward (fp32, one flat buffer; ``residual_views``)."""
+    B, T, H, K = k.shape
+    return flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * H * block_k(K) + B * T * H
+
+
+def residual_views(res, k, cu_seqlens):
+    """``(ckpt [4 * flag_slots, H, BK], w [B*T, H])`` views of a ``residuals``-sized buffer: ``d`` at every group
+    start and every token's ``w`` (``precond_parallel``), as the chain wrote them."""
+    B, T, H, K = k.shape
+    n = flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * H * block_k(K)
+    return res[:n].view(-1, H, block_k(K)), res[n:].view(B * T, H)
+
+
 def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel, *,
                  store_kt=True, keep=False, scratch=None, flags=None, layout=None):
-    """Launch the forward: ``(k_tilde or None, d_final, flags, ckpt)``.
+    """Launch the forward: ``(k_tilde or None, d_final, flags, residuals)``.
 
-    ``flags [flag_slots, H]`` int32 (1: the chunk ran the token loop) and ``ckpt [4 * flag_slots, H, BK]``
-    fp32 (``d`` at every group start) come from the parallel form; the token form gives no flags, and the
-    checkpoints only with ``keep``. ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when
-    None and ``parallel``); ``flags``: a tensor to fill instead of a new zeroed one (parallel form; the
-    flags of existing chunks become the maximum of their value and 0 or 1); ``layout``: the inputs'
+    ``flags [flag_slots, H]`` int32 (1: the chunk ran the token loop) come from the parallel form, as do the
+    ``residuals`` (``residual_views``: ``d`` at every group start and every token's ``w``; in the token form only
+    with ``keep``, and only the checkpoints are written). ``scratch``: the ``(M, w0)`` of :func:`precompute`
+    (computed here when None and ``parallel``); ``flags``: a tensor to fill instead of a new zeroed one (parallel
+    form; the flags of existing chunks become the maximum of their value and 0 or 1); ``layout``: the inputs'
     ``chunk_layout`` (built here when None).
     """
     B, T, H, K = k.shape
@@ -114,12 +121,12 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
     f32 = dict(dtype=torch.float32, device=k.device)
     kt = torch.empty_like(k) if store_kt else None
     dfin = torch.empty(N, H, K, **f32)
-    slots = flag_slots(k, cu_seqlens)
     if parallel and flags is None:
-        flags = torch.zeros(slots, H, dtype=torch.int32, device=k.device)
-    ckpt = torch.empty(slots * (CHUNK // GROUP), H, BK, **f32) if parallel or keep else None
+        flags = torch.zeros(flag_slots(k, cu_seqlens), H, dtype=torch.int32, device=k.device)
+    res = torch.empty(residuals(k, cu_seqlens), **f32) if parallel or keep else None
     if N * H == 0:
-        return kt, dfin, flags, ckpt
+        return kt, dfin, flags, res
+    ckpt, w = residual_views(res, k, cu_seqlens) if res is not None else (None, None)
     dummy = k
     opt = dict(d0=d0 if d0 is not None else dummy, r=retention if retention is not None else dummy,
                cu=cu_seqlens if cu_seqlens is not None else dummy)
@@ -130,13 +137,13 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
                  else scratch)
         seg = segments.segment_tokens(k, cu_seqlens)
         if seg:
-            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg, CHAIN_WARPS)
+            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg, CHAIN_WARPS)
         else:
-            _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, T, H, K,
+            _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, w, T, H, K,
                                   HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
                                   C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
         _out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
-            k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, M, w0, ckpt,
+            k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, ckpt, w,
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),
             HAS_R=retention is not None, VARLEN=cu_seqlens is not None, STORE_KT=store_kt, C=CHUNK, G=GROUP, BK=BK,
             num_warps=OUT_WARPS)
@@ -144,8 +151,8 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
         M = w0 = dummy
     _precond_fwd_kernel[(N, H)](
         k, beta, opt["d0"], opt["r"], opt["cu"], M, w0, kt if store_kt else dummy, dfin, flags_arg,
-        ckpt if ckpt is not None else dummy, T, H, K, float(eta), float(d_min), float(d_max), float(eps),
-        HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
+        ckpt if ckpt is not None else dummy, w if w is not None else dummy, T, H, K, float(eta), float(d_min),
+        float(d_max), float(eps), HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
         BETA_AWARE=bool(beta_aware), PARALLEL=bool(parallel), STORE_KT=store_kt, STORE_CKPT=ckpt is not None,
         C=CHUNK, G=GROUP, BK=BK, num_warps=num_warps(BK, parallel))
-    return kt, dfin, flags, ckpt
+    return kt, dfin, flags, res

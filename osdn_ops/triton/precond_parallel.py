@@ -121,10 +121,10 @@ def precompute_precision(k: Tensor) -> str:
 @triton.jit(do_not_specialize=["T", "NT", "H", "K"])
 def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, mbc_ptr, h0_ptr,
                        fs_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr,
-                       BETA_AWARE: tl.constexpr, ADJOINT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
-                       LOG2G: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """Grid (chunks * C/G, B*H), one program per group: writes the group's ``M`` rows and ``w0``, and with
-    ``ADJOINT`` its ``Mb`` and ``Mbc`` rows, ``h0`` and ``fsum`` (``[BK]`` fp32 at row
+                       BETA_AWARE: tl.constexpr, FWD: tl.constexpr, ADJOINT: tl.constexpr, C: tl.constexpr,
+                       G: tl.constexpr, LOG2G: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Grid (chunks * C/G, B*H), one program per group: with ``FWD`` writes the group's ``M`` rows and ``w0``,
+    with ``ADJOINT`` its ``Mb`` and ``Mbc`` rows, ``h0`` and ``fsum`` (``[BK]`` fp32 at row
     ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     ci = tl.arange(0, G)
@@ -140,14 +140,18 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     L = tl.where(lower, (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
     Tinv = unit_lower_inverse(L, G, LOG2G, PREC)
     rg = (rows[:, None] * H + h) * G + ci[None, :]
-    tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
-    tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
+    if FWD:
+        tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
+        tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
     if ADJOINT:
         f = load_keys(dkt_ptr, rows, mrow, h, H, K, BK) * kv
-        # F[t, j] = <s_t, f_j> feeds sigma, and dbeta is proportional to sigma: kept at ~fp32
-        F = tl.dot(s, tl.trans(f), input_precision="tf32x3")
-        up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
-        phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
+        # phi feeds sigma, and dbeta is proportional to sigma: kept at ~fp32
+        if HAS_R:       # F[t, j] = <s_t, f_j>, weighted
+            F = tl.dot(s, tl.trans(f), input_precision="tf32x3")
+            up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
+            phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
+        else:           # phi_t = <s_t, sum_{j>t} f_j>: a reverse cumsum, exact fp32 and no product
+            phi = tl.sum(s * (tl.cumsum(f, 0, reverse=True) - f), 1)
         lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
         Mb = tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :]
         a = c * bb * tl.exp(lg)
@@ -162,50 +166,50 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,
                eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None,
-               layout: Optional[ChunkLayout] = None) -> tuple[Tensor, ...]:
+               layout: Optional[ChunkLayout] = None, forward_terms: bool = True) -> tuple[Tensor, ...]:
     """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts);
-    with ``dk_tilde`` also the adjoint's ``(Mb, Mbc [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``."""
+    with ``dk_tilde`` also the adjoint's ``(Mb, Mbc [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``.
+    ``forward_terms=False`` (only with ``dk_tilde``) skips ``M`` and ``w0``: they come back as None."""
     B, T, H, K = k.shape
     BK = block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
-    M, w0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
     adjoint = dk_tilde is not None
+    assert forward_terms or adjoint
+    if forward_terms:
+        M, w0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
+    else:
+        M = w0 = k
     if adjoint:
         Mb, Mbc = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, GROUP, **f32)
         h0 = torch.empty(B * T, H, **f32)
         fs = torch.empty(flag_slots(k, cu_seqlens) * (CHUNK // GROUP), H, BK, **f32)
     else:
-        Mb, Mbc, h0, fs = M, M, w0, M
+        Mb = Mbc = h0 = fs = k
     lay = layout or chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H > 0:
         _precompute_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
             cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, Mbc,
             h0, fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), ADJOINT=adjoint, C=CHUNK, G=GROUP, LOG2G=GROUP.bit_length() - 1, BK=BK,
-            PREC=precompute_precision(k), num_warps=PRECOMPUTE_WARPS[adjoint])
+            BETA_AWARE=bool(beta_aware), FWD=forward_terms, ADJOINT=adjoint, C=CHUNK, G=GROUP,
+            LOG2G=GROUP.bit_length() - 1, BK=BK, PREC=precompute_precision(k), num_warps=PRECOMPUTE_WARPS[adjoint])
+    if not forward_terms:
+        M = w0 = None
     return (M, w0, Mb, Mbc, h0, fs) if adjoint else (M, w0)
 
 
 @triton.jit
-def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
-               G: tl.constexpr, BK: tl.constexpr):
-    """Tokens ``[t0, min(t0 + G, t1))`` from ``d`` ([BK] fp32) in the parallel form.
+def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexpr, G: tl.constexpr,
+                 BK: tl.constexpr):
+    """Every ``d_t`` of a group in the parallel form, from ``d`` ([BK] fp32) at its start and its ``w`` ([G],
+    zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``r, lg, lgi`` from ``group_logs``.
 
-    Returns ``(D [G, BK] with d_t per row, keys [G, BK] fp32, d_end [BK], bad [BK] int32)``; they hold
-    only where ``bad`` is 0 everywhere (no pre-clamp value outside the box, nothing NaN).
+    Returns ``(D [G, BK] with d_t per row, d_end [BK], bad [BK] int32)``; they hold only where ``bad`` is 0
+    everywhere (no pre-clamp value outside the box, nothing NaN).
     """
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
-    rows = t0 + ci
-    mrow = rows < t1
-    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-    M = tl.load(m_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-    w0 = tl.load(w0_ptr + rows * H + h, mask=mrow, other=0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     s = kv * kv
-    p = tl.sum(s * d[None, :], 1)
-    w = w0 - tl.sum(M * p[None, :], 1)
     ws = w[:, None] * s
     lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)             # Gam at the group's end
     d_end = tl.exp(lg_end) * d + tl.sum((tl.exp(tl.minimum(lg_end - lgi, 0.0)) * w)[:, None] * s, 0)
@@ -217,17 +221,57 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
     P = r[:, None] * D + ws                                      # pre-clamp d_{t+1}
     inside = (P >= d_min) & (P <= d_max)
     bad = tl.max(tl.where(inside | (offs >= K)[None, :] | ~mrow[:, None], 0, 1), 0)
-    return D, kv, d_end, bad
+    return D, d_end, bad
 
 
 @triton.jit
-def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-            HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr,
+def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
+               G: tl.constexpr, BK: tl.constexpr):
+    """Tokens ``[t0, min(t0 + G, t1))`` from ``d`` ([BK] fp32) in the parallel form, with the group's
+    ``w = w0 - M (S d)`` from the precompute's terms.
+
+    Returns ``(D, keys [G, BK] fp32, d_end, bad, w [G])`` (``group_states``)."""
+    ci = tl.arange(0, G)
+    rows = t0 + ci
+    mrow = rows < t1
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    M = tl.load(m_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
+    w0 = tl.load(w0_ptr + rows * H + h, mask=mrow, other=0.0)
+    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    p = tl.sum(kv * kv * d[None, :], 1)
+    w = w0 - tl.sum(M * p[None, :], 1)
+    D, d_end, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, G, BK)
+    return D, kv, d_end, bad, w
+
+
+@triton.jit
+def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
+                  STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
+    chain's ``w`` (``w_ptr``, rows as the keys'); returns ``bad`` of ``group_states``."""
+    ci = tl.arange(0, G)
+    offs = tl.arange(0, BK)
+    rows = t0 + ci
+    mrow = rows < t1
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
+    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    D, _, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, G, BK)
+    if STORE_KT:
+        tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
+                 mask=mrow[:, None] & (offs < K)[None, :])
+    return bad
+
+
+@triton.jit
+def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, w_ptr, t0, t1, h, H, K, eta, d_min, d_max,
+            eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr,
             C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """``d`` over tokens ``[t0, t1)`` (at most C): the parallel form, or the token loop where its
     check fails. ``STORE_KT``: writes ``k_tilde``; ``STORE_CKPT``: ``d`` at each group start to
-    ``ckpt_ptr + i * H*BK`` (group i of the chunk, G tokens each). Returns ``(d_{t1}, fell_back)``
-    (1: the token loop ran).
+    ``ckpt_ptr + i * H*BK`` (group i of the chunk, G tokens each) and the groups' ``w`` to ``w_ptr`` (rows as
+    the keys'; left as they are where the token loop runs). Returns ``(d_{t1}, fell_back)`` (1: the token loop
+    ran).
 
     The parallel form writes its outputs before the check; the token loop overwrites them."""
     ci = tl.arange(0, G)
@@ -238,9 +282,11 @@ def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, t0, t1, 
         g0 = t0 + gi * G
         if STORE_CKPT:
             tl.store(ckpt_ptr + gi * H * BK + offs, d)
-        D, kv, d, bg = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, g0, t1, h, H, K, d_min, d_max, HAS_R, G, BK)
+        D, kv, d, bg, w = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, g0, t1, h, H, K, d_min, d_max, HAS_R, G, BK)
         bad = bad | bg
         rows = g0 + ci
+        if STORE_CKPT:
+            tl.store(w_ptr + rows * H + h, w, mask=rows < t1)
         if STORE_KT:
             m = (rows < t1)[:, None] & (offs < K)[None, :]
             tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
@@ -256,29 +302,27 @@ def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, t0, t1, 
 
 
 @triton.jit
-def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, m_ptr, w0_ptr, mb_ptr, h0_ptr, dk_ptr, dbeta_ptr, dr_ptr,
-                  t0, t1, h, H, K, eta, d_min, d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
-                  G: tl.constexpr, BK: tl.constexpr):
+def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr, dbeta_ptr, dr_ptr, t0, t1, h, H,
+                  K, eta, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Adjoint of tokens ``[t0, min(t0 + G, t1))`` of a chunk that passed the forward's check: ``g`` [BK]
-    is the gradient of ``d`` at the group's end, ``d`` the state at its start. Writes ``dk``, ``dbeta``
-    (and ``dretention`` with ``HAS_R``) of the group's tokens; returns the gradient at its start."""
+    is the gradient of ``d`` at the group's end, ``d`` the state at its start, ``w`` (the forward chain's) and
+    ``sigma`` (the adjoint chain's) per token at ``w_ptr``, ``sig_ptr`` (rows as the keys'). Writes ``dk``,
+    ``dbeta`` (and ``dretention`` with ``HAS_R``) of the group's tokens."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
     rows = t0 + ci
     mrow = rows < t1
-    D, kv, _, _ = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R, G, BK)
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
+    sigma = tl.load(sig_ptr + rows * H + h, mask=mrow, other=0.0)
+    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    D, _, _ = group_states(d, kv, w, r, lg, lgi, mrow, K, 0.0, 0.0, HAS_R, G, BK)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
     c = tl.where(mrow, c, 0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     gkt = load_keys(dkt_ptr, rows, mrow, h, H, K, BK)
-    Mb = tl.load(mb_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-    h0 = tl.load(h0_ptr + rows * H + h, mask=mrow, other=0.0)
-    q = tl.sum(s * g[None, :], 1)
-    sigma = h0 + tl.sum(Mb * q[None, :], 1)
     Y = gkt * kv - (c * bb * sigma)[:, None] * s
     lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
-    g_start = tl.exp(lg_end) * g + tl.sum(tl.exp(lg)[:, None] * Y, 0)
     if HAS_R:                                                    # Gt[t] = g_{t+1}
         up = tl.where(ci[:, None] < ci[None, :], tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0)), 0.0)
         Gt = tl.exp(lg_end - lgi)[:, None] * g[None, :] + tl.dot(up, Y, input_precision="tf32x3")
@@ -300,7 +344,6 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, m_ptr, w0_ptr, mb_ptr, 
     tl.store(dbeta_ptr + rows * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=mrow)
     if HAS_R:
         tl.store(dr_ptr + rows * H + h, tl.sum(Gt * D, 1).to(dr_ptr.dtype.element_ty), mask=mrow)
-    return g_start
 
 
 def num_warps(BK: int, parallel: bool) -> int:

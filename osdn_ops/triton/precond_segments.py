@@ -173,23 +173,24 @@ def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_p
 
 
 @triton.jit(do_not_specialize=["T", "NS", "H", "K"])
-def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, T, NS, H, K,
+def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, w_ptr, T, NS, H, K,
                           HAS_R: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr,
                           G: tl.constexpr, BK: tl.constexpr):
     """Grid (segment rows, B*H), forward: the chain through one segment from its start (``dstart``), writing
-    ``d`` at each group start to the checkpoints (rows of ``precond_chain._chain_kernel``)."""
+    ``d`` at each group start to the checkpoints (rows of ``precond_chain._chain_kernel``) and each token's ``w``."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
     if n > 0:
         offs = tl.arange(0, BK)
         d = tl.load(dstart_ptr + (row * H + h) * BK + offs)
         ckpt = ckpt_ptr + ((C // G) * (bos // C + seq) * H + h) * BK
         i_lo = (start - bos) // G
-        chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, bos, eos, i_lo, i_lo + (n + G - 1) // G, h, H, K, HAS_R,
-                     G, BK)
+        chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, i_lo, i_lo + (n + G - 1) // G, h, H, K,
+                     HAS_R, G, BK)
 
 
 @triton.jit(do_not_specialize=["T", "NS", "H", "K"])
-def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, mbc_ptr, fs_ptr,
+def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, mb_ptr, mbc_ptr, hs_ptr,
+                                  fs_ptr,
                                   flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, amap_ptr,
                                   bmap_ptr, alpha_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
                                   HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
@@ -215,8 +216,9 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
             A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
             g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
         else:
-            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK,
-                               flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
+            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+                               fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
+                               ckpt_ptr + (NG * slot * H + h) * BK,
                                gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos, slot,
                                j * (SEG // G), j * (SEG // G) + (nt + G - 1) // G, h, H, K, eta, d_min, d_max, eps,
                                HAS_R, BETA_AWARE, C, G, BK)
@@ -224,7 +226,8 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
 
 
 @triton.jit(do_not_specialize=["T", "NS", "H", "K"])
-def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, mbc_ptr, fs_ptr, flag_ptr, dk_ptr,
+def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, mb_ptr, mbc_ptr, hs_ptr, fs_ptr,
+                            flag_ptr, dk_ptr,
                             dbeta_ptr, dr_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
                             HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, SEG: tl.constexpr,
                             C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
@@ -240,7 +243,8 @@ def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, 
             g = tl.load(gend_ptr + (row * H + h) * BK + offs)
             i_lo = (start - bos) // G
             # no chunk here is flagged, so the token adjoint never runs and needs no scratch (ckpt stands in)
-            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mbc_ptr, fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
+            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+                           fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
                            dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
                            gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,
                            i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
@@ -268,22 +272,23 @@ def _segment_maps(k, retention, cu_seqlens, x, v, flags, seg: int, adjoint: bool
     return lay, maps, dict(cu=cu, table=table, r=r, first=lay.first if lay.first is not None else k), common
 
 
-def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, seg: int, chain_warps: int):
-    """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt`` and the unclamped ``dfin``
-    as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
+def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, chain_warps: int):
+    """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt``, ``w`` and the unclamped
+    ``dfin`` as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
     B, T, H, K = k.shape
     lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, w0, k, seg, False)
     _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
         d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NT, H, K,
         HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
-    _segment_chain_kernel[(lay.n_chunks, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, T, lay.NT, H,
-                                                 K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
+    _segment_chain_kernel[(lay.n_chunks, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, w, T, lay.NT,
+                                                 H, K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
 
 
-def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs, flags, dk, dbeta, dr, dd0, ckpt, gck,
-                    seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
-    """The adjoint chain in two levels: writes ``gck``, ``dd0`` and the token gradients of flagged chunks as
-    ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``Mbc, fs``: the backward precompute's."""
+def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mb, Mbc, hs, fs, flags, dk, dbeta, dr, dd0,
+                    ckpt, gck, seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
+    """The adjoint chain in two levels: writes ``gck``, sigma over ``hs`` (h0), ``dd0`` and the token gradients of
+    flagged chunks as ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``Mb, Mbc, hs, fs``: the backward
+    precompute's."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     lay, (amap, bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, Mbc, fs, flags, seg, True)
@@ -291,9 +296,9 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mbc, fs,
     hp = (float(eta), float(d_min), float(d_max), float(eps))
     traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
     _segment_adjoint_carry_kernel[(N, H)](
-        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], Mbc, fs, flags, dk, dbeta, dr_arg, dd0, ckpt, gck,
-        traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
+        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], Mb, Mbc, hs, fs, flags, dk, dbeta, dr_arg, dd0, ckpt,
+        gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
         num_warps=chain_warps, **common)
     _segment_adjoint_kernel[(lay.n_chunks, B * H)](
-        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mbc, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T, lay.NT,
-        H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
+        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mb, Mbc, hs, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T,
+        lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
