@@ -105,5 +105,6 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     if parallel:                            # h0 now holds sigma (the adjoint chain wrote it over h0)
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, w, h0, flags, ckpt,
-            gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(eps), C=CHUNK, G=GROUP, BK=BK, num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
+            gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(eps), C=CHUNK, G=GROUP, BK=BK,
+            num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
     return dk, dbeta, dd0, dr

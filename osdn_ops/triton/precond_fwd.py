@@ -79,8 +79,8 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
             for t0 in range(bos + first * C, eos, C):
                 row = slot + (t0 - bos) // C
                 d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr,
-                                       ckpt + (t0 - bos) // G * H * BK, w_ptr, t0, tl.minimum(t0 + C, eos), h, H, K, eta,
-                                       d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
+                                       ckpt + (t0 - bos) // G * H * BK, w_ptr, t0, tl.minimum(t0 + C, eos), h, H, K,
+                                       eta, d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
                 tl.store(flag_ptr + row * H + h, fell_back)
             tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
     else:

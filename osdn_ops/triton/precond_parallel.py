@@ -18,8 +18,10 @@ so ``w = w0 - M (S d0)`` with ``w0 = Tinv c``, ``M = Tinv diag(c b exp(Gam))``, 
   row t of its group's M) and ``w0`` (``[B*T, H]``): 68 bytes per token and head.
 * one group from ``d0`` is ``p = S d0`` (16 independent K-reductions at once), ``w = w0 - M p`` and
   ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``: three short dependent steps
-  for 16 tokens, where the token loop makes 16 dependent K-reductions. ``group_step`` also forms
-  every ``d_t`` of the group (``k_tilde``) and the pre-clamp values.
+  for 16 tokens, where the token loop makes 16 dependent K-reductions. The chain keeps every ``w``;
+  given ``w``, ``group_states`` forms every ``d_t`` of the group (``k_tilde``) and the pre-clamp values with a
+  cumulative sum over the group's rows (``group_outputs``: the output pass; ``group_step``: the fixup, which
+  forms ``w`` itself).
 * the chunk is exact when every pre-clamp value ``r_t d_t + w_t s_t`` of its four groups lies in
   ``[d_min, d_max]`` (NaN fails); ``advance`` checks that once per chunk and otherwise redoes the
   chunk token by token from its start. A coordinate on a bound whose pre-clamp value points outward
@@ -36,9 +38,11 @@ so ``sigma = Mb (S g_e) + h0`` with ``Mb = Tinv^T diag(exp(Gam_end - Gam_{t+1}))
 and ``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j b_j sigma_j s_j``. With
 ``a_t = c_t b_t exp(Gam_t)`` that is ``g_start = exp(Gam_end) g_e + fsum - S^T (Mbc (S g_e))``, where
 ``Mbc = diag(a) Mb`` and ``fsum = sum_j exp(Gam_j) f_j - sum_j a_j h0_j s_j`` do not depend on ``g_e``: the
-backward precompute writes ``Mb``, ``h0`` (for the token gradients), ``Mbc`` and ``fsum`` (for the chain), so
-the chain's step is three short dependent reductions with no per-token coefficients to form. ``group_adjoint``
-extends the step to every ``g_{t+1}`` of the group and the token gradients.
+backward precompute writes ``Mb``, ``h0``, ``Mbc`` and ``fsum`` for the chain, so the chain's step is three
+short dependent reductions with no per-token coefficients to form; off its serial path the chain also forms
+``sigma`` and keeps it. Without retention ``Phi_t = <s_t, sum_{j>t} f_j>``, a reverse cumulative sum (exact fp32,
+no product). ``group_adjoint`` forms every ``g_{t+1}`` of the group from ``sigma`` (again a cumulative sum) and the
+token gradients.
 """
 from __future__ import annotations
 
