@@ -249,21 +249,36 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
 
 
 @triton.jit
-def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
-                  STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
-    chain's ``w`` (``w_ptr``, rows as the keys'); returns ``bad`` of ``group_states``."""
-    ci = tl.arange(0, G)
-    offs = tl.arange(0, BK)
-    rows = t0 + ci
+def group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr, G: tl.constexpr,
+                 BK: tl.constexpr):
+    """A group's rows ``[t0, min(t0 + G, t1))`` rebuilt from ``d`` at its start and the chain's ``w`` (``w_ptr``,
+    rows as the keys'): ``(rows, mrow, keys [G, BK] fp32, r, lg, lgi, D, bad)`` (``group_logs``, ``group_states``)."""
+    rows = t0 + tl.arange(0, G)
     mrow = rows < t1
     kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
     w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     D, _, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, G, BK)
+    return rows, mrow, kv, r, lg, lgi, D, bad
+
+
+@triton.jit
+def store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK: tl.constexpr):
+    """``k_tilde = d_t * k_t`` of a group's rows (``D``, ``kv`` [G, BK]) in ``kt_ptr``'s dtype."""
+    offs = tl.arange(0, BK)
+    tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
+             mask=mrow[:, None] & (offs < K)[None, :])
+
+
+@triton.jit
+def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
+                  STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+    """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
+    chain's ``w``; returns ``bad`` of ``group_states``."""
+    rows, mrow, kv, _, _, _, D, bad = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R, G,
+                                                   BK)
     if STORE_KT:
-        tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
-                 mask=mrow[:, None] & (offs < K)[None, :])
+        store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK)
     return bad
 
 
@@ -292,9 +307,7 @@ def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, w_ptr, t
         if STORE_CKPT:
             tl.store(w_ptr + rows * H + h, w, mask=rows < t1)
         if STORE_KT:
-            m = (rows < t1)[:, None] & (offs < K)[None, :]
-            tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
-                     mask=m)
+            store_k_tilde(kt_ptr, D, kv, rows, rows < t1, h, H, K, BK)
     if tl.max(bad, 0) > 0:
         tl.debug_barrier()                  # the token loop's stores land after the parallel form's
         d = scan_tokens(d_start, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
@@ -314,13 +327,8 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
     ``dbeta`` (and ``dretention`` with ``HAS_R``) of the group's tokens."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
-    rows = t0 + ci
-    mrow = rows < t1
-    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-    w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
+    rows, mrow, kv, r, lg, lgi, D, _ = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, 0.0, 0.0, HAS_R, G, BK)
     sigma = tl.load(sig_ptr + rows * H + h, mask=mrow, other=0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    D, _, _ = group_states(d, kv, w, r, lg, lgi, mrow, K, 0.0, 0.0, HAS_R, G, BK)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
     c = tl.where(mrow, c, 0.0)
