@@ -58,18 +58,19 @@ def _chunk_ref(x, gate, G, T, cu):
     """fp64 per-chunk A^{-1}, W, U from the DESIGN §4 formulas (b = 0, h = 0)."""
     k, kt, v, beta = (x[n][0, :, 0].double() for n in ("k", "k_tilde", "v", "beta"))
     Gc = None if G is None else G[0, :, 0].double()
+    f64 = dict(dtype=torch.float64, device=k.device)
     Ainv, W, U = [], [], []
     for s, e in _spans(T, cu):
         n = e - s
         if gate == "none":
-            dec = torch.ones(n, n, k.shape[-1], dtype=torch.float64)
-            eg = torch.ones(n, k.shape[-1], dtype=torch.float64)
+            dec = torch.ones(n, n, k.shape[-1], **f64)
+            eg = torch.ones(n, k.shape[-1], **f64)
         else:
             g_ = Gc[s:e] if gate == "channel" else Gc[s:e, None].expand(n, k.shape[-1])
             dec = torch.exp((g_[:, None] - g_[None]).clamp(max=0))
             eg = torch.exp(g_)
         A = torch.einsum("tc,jc,tjc->tj", k[s:e], kt[s:e], dec).tril(-1) * beta[s:e, None]
-        Ti = torch.linalg.inv(torch.eye(n, dtype=torch.float64) + A)
+        Ti = torch.linalg.inv(torch.eye(n, **f64) + A)
         Ainv.append(F.pad(Ti, (0, C - n)))
         W.append(Ti @ (beta[s:e, None] * k[s:e] * eg))
         U.append(Ti @ (beta[s:e, None] * v[s:e]))
