@@ -3,10 +3,10 @@
 ``gate_cumsum``: ``G`` = inclusive cumsum of the log decay ``g`` within each 64-token chunk (fp32).
 ``wy_repr``: per chunk ``A = tril(B (K e^G)(Kt e^-G)^T, -1)``, ``Ainv = (I + A)^{-1}``,
 ``W = Ainv B (K e^G)``, ``U = Ainv B V`` (DESIGN §4). One program per (chunk, head) writes ``A``
-into its own rows of the ``Ainv`` output and completes the inverse there: forward substitution
-on the four diagonal 16 x 16 blocks together, then the block rows below
-(``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``) with fp32 products; ``W`` and ``U`` are then single
-64-row products with the finished inverse. Given the inverse of an earlier call (the
+into its own rows of the ``Ainv`` output and completes the inverse there in registers: the four
+diagonal 16 x 16 blocks as finite products (A is nilpotent), then the blocks below them
+(``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``); ``W`` and ``U`` are then single 64-row products with the
+finished inverse. Given the inverse of an earlier call (the
 backward's recompute), the kernel forms only ``W`` and ``U`` (constexpr ``INVERT`` off).
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores, load_tile,
-                          load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
+from .asym_chunks import (CHUNK, GATE_CODE, MMA_PRECISION, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
+                          load_tile, load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
+from .triangular import unit_lower_inverse
 
 
 @triton.jit
@@ -82,59 +83,44 @@ def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: t
 
 
 @triton.jit
-def _invert_diagonal(Ainv, start, n, i_h, H, C: tl.constexpr):
-    """Replace the four diagonal 16 x 16 blocks ``A_ii`` in the scratch rows by ``(I + A_ii)^{-1}``.
-
-    Forward substitution on the four blocks at once (a ``[4, 16, 16]`` tile); row ``i`` of every
-    block is read from memory, so each of the 15 steps is one reduction."""
-    blk = tl.arange(0, 4)
-    ri = tl.arange(0, 16)
-    Tm = tl.zeros([4, 16, 16], dtype=tl.float32) + (ri[:, None] == ri[None, :]).to(tl.float32)[None, :, :]
-    cols = 16 * blk[:, None] + ri[None, :]
-    for i in tl.static_range(1, 16):
-        rr = 16 * blk + i
-        a = tl.load(Ainv + ((start + rr[:, None]) * H + i_h) * C + cols, mask=(rr < n)[:, None], other=0.)
-        new = tl.sum(a[:, :, None] * Tm, axis=1)
-        Tm = tl.where(ri[None, :, None] == i, Tm - new[:, None, :], Tm)
-    rows = 16 * blk[:, None, None] + ri[None, :, None]
-    tl.debug_barrier()
-    tl.store(Ainv + ((start + rows) * H + i_h) * C + cols[:, None, :], Tm, mask=rows < n)
+def _mm(a, b, PREC: tl.constexpr):
+    return tl.dot(a, b, input_precision=PREC)
 
 
 @triton.jit
-def _mm(a, b):
-    return tl.dot(a, b, input_precision="ieee")
-
-
-@triton.jit
-def _merge_blocks(Ainv, start, n, i_h, H, C: tl.constexpr):
-    """Complete ``(I + A)^{-1}`` in the scratch rows from the inverted diagonal blocks ``T_ii`` and
-    the blocks ``A_ij`` below them: ``T_ij = -T_ii sum_{j<=m<i} A_im T_mj`` (exact fp32 products);
-    blocks above the diagonal are set to zero."""
-    T00 = load_tile(Ainv, start, n, 0, 0, i_h, H, C, 16, 16)
-    T11 = load_tile(Ainv, start, n, 16, 16, i_h, H, C, 16, 16)
-    T22 = load_tile(Ainv, start, n, 32, 32, i_h, H, C, 16, 16)
-    T33 = load_tile(Ainv, start, n, 48, 48, i_h, H, C, 16, 16)
+def _invert_blocks(Ainv, start, n, i_h, H, C: tl.constexpr, PREC: tl.constexpr):
+    """Replace ``A`` in the chunk's scratch rows by ``(I + A)^{-1}``, in registers: the four diagonal 16 x 16
+    blocks ``T_ii = (I + A_ii)^{-1}`` (:func:`unit_lower_inverse`), then the blocks below them,
+    ``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``; blocks above the diagonal are set to zero. Products in ``PREC``
+    (:func:`inverse_precision`)."""
+    T00 = unit_lower_inverse(load_tile(Ainv, start, n, 0, 0, i_h, H, C, 16, 16), 16, 4, PREC)
+    T11 = unit_lower_inverse(load_tile(Ainv, start, n, 16, 16, i_h, H, C, 16, 16), 16, 4, PREC)
+    T22 = unit_lower_inverse(load_tile(Ainv, start, n, 32, 32, i_h, H, C, 16, 16), 16, 4, PREC)
+    T33 = unit_lower_inverse(load_tile(Ainv, start, n, 48, 48, i_h, H, C, 16, 16), 16, 4, PREC)
     A10 = load_tile(Ainv, start, n, 16, 0, i_h, H, C, 16, 16)
     A21 = load_tile(Ainv, start, n, 32, 16, i_h, H, C, 16, 16)
     A32 = load_tile(Ainv, start, n, 48, 32, i_h, H, C, 16, 16)
     A20 = load_tile(Ainv, start, n, 32, 0, i_h, H, C, 16, 16)
     A31 = load_tile(Ainv, start, n, 48, 16, i_h, H, C, 16, 16)
     A30 = load_tile(Ainv, start, n, 48, 0, i_h, H, C, 16, 16)
-    T10 = -_mm(T11, _mm(A10, T00))
-    T21 = -_mm(T22, _mm(A21, T11))
-    T32 = -_mm(T33, _mm(A32, T22))
-    T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
-    T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-    T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    T10 = -_mm(T11, _mm(A10, T00, PREC), PREC)
+    T21 = -_mm(T22, _mm(A21, T11, PREC), PREC)
+    T32 = -_mm(T33, _mm(A32, T22, PREC), PREC)
+    T20 = -_mm(T22, _mm(A20, T00, PREC) + _mm(A21, T10, PREC), PREC)
+    T31 = -_mm(T33, _mm(A31, T11, PREC) + _mm(A32, T21, PREC), PREC)
+    T30 = -_mm(T33, _mm(A30, T00, PREC) + _mm(A31, T10, PREC) + _mm(A32, T20, PREC), PREC)
     tl.debug_barrier()
-    Z = tl.zeros([16, 16], dtype=tl.float32)
+    store_tile(Ainv, T00, start, n, 0, 0, i_h, H, C, 16, 16)
+    store_tile(Ainv, T11, start, n, 16, 16, i_h, H, C, 16, 16)
+    store_tile(Ainv, T22, start, n, 32, 32, i_h, H, C, 16, 16)
+    store_tile(Ainv, T33, start, n, 48, 48, i_h, H, C, 16, 16)
     store_tile(Ainv, T10, start, n, 16, 0, i_h, H, C, 16, 16)
     store_tile(Ainv, T20, start, n, 32, 0, i_h, H, C, 16, 16)
     store_tile(Ainv, T21, start, n, 32, 16, i_h, H, C, 16, 16)
     store_tile(Ainv, T30, start, n, 48, 0, i_h, H, C, 16, 16)
     store_tile(Ainv, T31, start, n, 48, 16, i_h, H, C, 16, 16)
     store_tile(Ainv, T32, start, n, 48, 32, i_h, H, C, 16, 16)
+    Z = tl.zeros([16, 16], dtype=tl.float32)
     for i in tl.static_range(3):
         for j in tl.static_range(i + 1, 4):
             store_tile(Ainv, Z, start, n, 16 * i, 16 * j, i_h, H, C, 16, 16)
@@ -160,7 +146,8 @@ def _apply(out, Ti, x_ptr, beta, G, start, n, i_h, H, D: tl.constexpr, BD: tl.co
 @triton.jit
 def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr,
-               GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr, INVERT: tl.constexpr):
+               GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr, INVERT: tl.constexpr,
+               PREC: tl.constexpr):
     """One chunk and head: ``INVERT``: the scores and ``Ainv`` into the Ainv rows, then ``W, U``; else
     ``W, U`` from the inverse already in those rows (kept by an earlier call)."""
     pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -171,13 +158,19 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constex
     if INVERT:
         _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP)
         tl.debug_barrier()
-        _invert_diagonal(Ainv, start, n, i_h, H, C)
-        tl.debug_barrier()
-        _merge_blocks(Ainv, start, n, i_h, H, C)
+        _invert_blocks(Ainv, start, n, i_h, H, C, PREC)
         tl.debug_barrier()
     Ti = load_tile(Ainv, start, n, 0, 0, i_h, H, C, C, C)
     _apply(W, Ti, k, beta, G, start, n, i_h, H, K, BKW, C, GATE, OP)
     _apply(U, Ti, v, beta, G, start, n, i_h, H, V, BVW, C, 0, OP)
+
+
+def inverse_precision(dtype: torch.dtype) -> str:
+    """Product precision of the inversion: one tf32 pass for half-precision inputs, whose ``W`` and ``U``
+    products round the inverse to 16 bits anyway (on S1 the inverse moved by 2e-4 relative, ``W`` and ``U`` not
+    beyond their bf16 rounding; the WY stage went from 0.272 to 0.185 ms without a gate, H200); three
+    (``MMA_PRECISION``, ~fp32) for fp32 inputs."""
+    return MMA_PRECISION.value if dtype == torch.float32 else "tf32"
 
 
 #: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
@@ -209,5 +202,5 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
         k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
         C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype), INVERT=inverse is None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PREC=inverse_precision(k.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return Ainv, W, U

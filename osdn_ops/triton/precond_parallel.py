@@ -55,6 +55,7 @@ from torch import Tensor
 
 from .asym_chunks import ChunkLayout, chunk_layout, chunk_span
 from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, scan_tokens, token_coefs
+from .triangular import unit_lower_inverse
 
 
 @triton.jit
@@ -88,23 +89,6 @@ def load_keys(k_ptr, rows, mrow, h, H, K, BK: tl.constexpr):
     offs = tl.arange(0, BK)
     return tl.load(k_ptr + (rows[:, None] * H + h) * K + offs[None, :], mask=mrow[:, None] & (offs < K)[None, :],
                    other=0.0).to(tl.float32)
-
-
-@triton.jit
-def unit_lower_inverse(L, G: tl.constexpr, LOG2G: tl.constexpr, PREC: tl.constexpr):
-    """``(I + L)^{-1}`` of a strictly lower triangular ``[G, G]`` fp32 tile (``G = 2^LOG2G``): L is nilpotent,
-    so the inverse is the finite product ``(I - L)(I + L^2)(I + L^4)...(I + L^(G/2))``, ``2 (LOG2G - 1)``
-    fp32 products (a forward substitution would be ``G - 1`` dependent steps), on the tensor cores in
-    ``PREC`` (``precompute_precision``): "tf32x3" is three tf32 passes (error ~2^-22 relative; plain fp32
-    products ran on the CUDA cores at several times the cost), "tf32" one."""
-    ri = tl.arange(0, G)
-    eye = (ri[:, None] == ri[None, :]).to(tl.float32)
-    Tm = eye - L
-    P = L
-    for _i in tl.static_range(LOG2G - 1):
-        P = tl.dot(P, P, input_precision=PREC)
-        Tm = tl.dot(Tm, eye + P, input_precision=PREC)
-    return Tm
 
 
 #: warps of the precompute (one program per group) without / with the adjoint terms;
