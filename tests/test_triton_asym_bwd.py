@@ -45,9 +45,13 @@ def _check(gate, x, fn=asym_recurrent, tol=1e-4, scale=0.37, seed=0):
     names = [n for n in NAMES if x[n] is not None]
     got = torch.autograd.grad((o, s), [x[n] for n in names], (do.to(o.dtype), ds.to(s.dtype)))
     want = torch.autograd.grad((o64, s64), [x64[n] for n in names], (do, ds))
+    largest = max(b.norm().item() for b in want)
     for name, a, b, leaf in zip(names, got, want, (x[n] for n in names)):
         assert a.dtype == leaf.dtype and a.shape == leaf.shape, name
-        err = rel_rms(a, b)
+        # a gradient that is exactly zero in float64 (dg of one-token chunks without an initial state: the gate
+        # enters only through differences G_t - G_j = 0 there, and the kernel's terms cancel to rounding) is held
+        # to the same bound relative to the largest gradient
+        err = rel_rms(a, b) if b.norm() > 0 else a.double().norm().item() / largest
         assert err < tol, f"d{name}: rel rms {err:.2e} >= {tol:.0e}"
 
 
