@@ -52,6 +52,7 @@ PEERS = {"precond_scan": ["chunk_delta_rule"], "chunk_delta_asym": ["chunk_delta
 # the op of ours whose symmetric case (k_tilde = k) each fla peer computes; None: another algorithm
 FLA_CHECK = {"chunk_delta_rule": "chunk_delta_asym", "chunk_gated_delta_rule": "chunk_gated_delta_asym",
              "chunk_kda": "chunk_kda_asym", "chunk_precond_gated_delta_rule": None}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HP = dict(eta=0.003, d_min=0.5, d_max=2.0, eps=1e-6, beta_aware=True)
 
 
@@ -348,6 +349,8 @@ def main(argv=None) -> list[Row]:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 error check")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
+    ap.add_argument("--dtype", default="bf16", choices=list(DTYPES),
+                    help="dtype of q, k, v, beta (the protocol's bf16 by default; states stay fp32)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     shapes = GPU_SHAPES if device.type == "cuda" else CPU_SHAPES
@@ -355,7 +358,8 @@ def main(argv=None) -> list[Row]:
     rows: list[Row] = []
     for sname in args.shapes.split(","):
         clamp = sname.endswith("-clamp")
-        p = make_problem(sname.removesuffix("-clamp"), shapes[sname.removesuffix("-clamp")], device, clamp=clamp)
+        p = make_problem(sname.removesuffix("-clamp"), shapes[sname.removesuffix("-clamp")], device,
+                         dtype=DTYPES[args.dtype], clamp=clamp)
         p.k_tilde = osdn_ops.precond_scan(p.k, p.beta, cu_seqlens=p.cu_seqlens, **p.hp)[0]
         for op in args.ops.split(","):
             if clamp and op != "precond_scan":
@@ -376,7 +380,8 @@ def main(argv=None) -> list[Row]:
                 print(f"{row.op:24s} {row.impl:38s} {row.shape:9s} fwd {row.fwd:8.3f} ms  fwd+bwd {row.fwd_bwd:8.3f} ms"
                       f"  err {row.err:.1e}  {row.note}", flush=True)
     print()
-    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}; "
+    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}, "
+          f"{args.dtype} inputs; "
           "shapes (B, T, H, K, V, packed sequences): "
           + ", ".join(f"{n} {shapes[n]}" for n in dict.fromkeys(s.removesuffix("-clamp") for s in args.shapes.split(","))))
     print(table(rows))

@@ -1,5 +1,7 @@
 """The benchmark table (``python -m osdn_ops.bench``): columns, and ratios to the best fla peer."""
-from osdn_ops.bench import Row, table
+import math
+
+from osdn_ops.bench import Row, main, table
 
 
 def _cells(line):
@@ -25,3 +27,14 @@ def test_table_leaves_unmeasured_kernel_time_empty():
     assert "nan" not in line
     head = _cells(table([]).splitlines()[0])
     assert dict(zip(head, _cells(line)))["fwd+bwd kernel ms"] == ""
+
+
+def test_cli_runs_fp32_inputs_on_the_cpu(tmp_path):
+    """``--dtype fp32``: the rows are timed and checked against the float64 reference in that dtype."""
+    md = tmp_path / "t.md"
+    rows = main(["--ops", "chunk_delta_asym", "--shapes", "S1", "--impls", "osdn", "--dtype", "fp32",
+                 "--device", "cpu", "--markdown", str(md)])
+    assert len(rows) == 1 and rows[0].note == ""
+    assert rows[0].fwd > 0 and rows[0].fwd_bwd > 0
+    assert math.isfinite(rows[0].err) and rows[0].err < 1e-5      # fp32 kernels: far below bf16's ~1e-2
+    assert "chunk_delta_asym" in md.read_text()
