@@ -44,7 +44,7 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import GATE_CODE, MMA_PRECISION, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v
+from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 
 
@@ -422,7 +422,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     kept = inverse if inverse is not None and inverse.numel() > 0 else None
     Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay, inverse=kept)
     BK = block(K)
-    PREC = MMA_PRECISION.value if q.dtype == torch.float32 else "tf32"
+    PREC = fp32_product_precision(q.dtype)
     # Half inputs: the products round their operands to bf16 (fp32 operand tiles need up to 200 KB of
     # shared memory in _dqkv), so the buffers only ever read as product operands (the chunk states h,
     # dVl = P^T dO, dVn, the chunk-end state gradients dh) are kept in the input dtype: half the bytes,

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import (CHUNK, GATE_CODE, MMA_PRECISION, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          load_tile, load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
+from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
+                          fp32_product_precision, load_tile, load_vec, mma, near_gate, operand_type, referenced_scores,
+                          store_tile)
 from .triangular import unit_lower_inverse
 
 
@@ -92,7 +93,7 @@ def _invert_blocks(Ainv, start, n, i_h, H, C: tl.constexpr, PREC: tl.constexpr):
     """Replace ``A`` in the chunk's scratch rows by ``(I + A)^{-1}``, in registers: the four diagonal 16 x 16
     blocks ``T_ii = (I + A_ii)^{-1}`` (:func:`unit_lower_inverse`), then the blocks below them,
     ``T_ij = -T_ii sum_{j<=m<i} A_im T_mj``; blocks above the diagonal are set to zero. Products in ``PREC``
-    (:func:`inverse_precision`)."""
+    (``asym_chunks.fp32_product_precision``)."""
     T00 = unit_lower_inverse(load_tile(Ainv, start, n, 0, 0, i_h, H, C, 16, 16), 16, 4, PREC)
     T11 = unit_lower_inverse(load_tile(Ainv, start, n, 16, 16, i_h, H, C, 16, 16), 16, 4, PREC)
     T22 = unit_lower_inverse(load_tile(Ainv, start, n, 32, 32, i_h, H, C, 16, 16), 16, 4, PREC)
@@ -165,14 +166,6 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constex
     _apply(U, Ti, v, beta, G, start, n, i_h, H, V, BVW, C, 0, OP)
 
 
-def inverse_precision(dtype: torch.dtype) -> str:
-    """Product precision of the inversion: one tf32 pass for half-precision inputs, whose ``W`` and ``U``
-    products round the inverse to 16 bits anyway (on S1 the inverse moved by 2e-4 relative, ``W`` and ``U`` not
-    beyond their bf16 rounding; the WY stage went from 0.272 to 0.185 ms without a gate, H200); three
-    (``MMA_PRECISION``, ~fp32) for fp32 inputs."""
-    return MMA_PRECISION.value if dtype == torch.float32 else "tf32"
-
-
 #: launch settings of the WY kernel: feature block of the W / U products, warps, stages (best of a sweep on S1, H200)
 WY_CONFIG = dict(block_out=128, num_warps=4, num_stages=2)
 
@@ -202,5 +195,5 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
         k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
         C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype), INVERT=inverse is None,
-        PREC=inverse_precision(k.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PREC=fp32_product_precision(k.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return Ainv, W, U

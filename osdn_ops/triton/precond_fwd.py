@@ -90,17 +90,22 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
         tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
+def _checkpoint_numel(k, cu_seqlens) -> int:
+    """Elements of the group-start checkpoints ``[4 * flag_slots, H, BK]``."""
+    return flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * k.shape[2] * block_k(k.shape[-1])
+
+
 def residuals(k, cu_seqlens) -> int:
     """Size of what the forward keeps for the backward (fp32, one flat buffer; ``residual_views``)."""
     B, T, H, K = k.shape
-    return flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * H * block_k(K) + B * T * H
+    return _checkpoint_numel(k, cu_seqlens) + B * T * H
 
 
 def residual_views(res, k, cu_seqlens):
     """``(ckpt [4 * flag_slots, H, BK], w [B*T, H])`` views of a ``residuals``-sized buffer: ``d`` at every group
     start and every token's ``w`` (``precond_parallel``), as the chain wrote them."""
     B, T, H, K = k.shape
-    n = flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * H * block_k(K)
+    n = _checkpoint_numel(k, cu_seqlens)
     return res[:n].view(-1, H, block_k(K)), res[n:].view(B * T, H)
 
 
