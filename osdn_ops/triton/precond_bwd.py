@@ -37,7 +37,7 @@ from .precond_parallel import group_adjoint, group_program, num_warps, precomput
 from .precond_tokens import CHUNK, GROUP, block_k, sequences
 
 
-@triton.jit(do_not_specialize=["T", "NT", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, w_ptr, sig_ptr, flag_ptr, ckpt_ptr,
                         gck_ptr, dk_ptr, dbeta_ptr, dr_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr,

@@ -29,7 +29,7 @@ OUT_WARPS = 1
 ADJOINT_OUT_WARPS = 2
 
 
-@triton.jit(do_not_specialize=["T", "NT", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_ptr, T, NT, H, K, d_min, d_max,
                 HAS_R: tl.constexpr, VARLEN: tl.constexpr, STORE_KT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                 BK: tl.constexpr):
@@ -55,7 +55,7 @@ def first_flagged(flag_ptr, slot, nchunks, h, H, FB: tl.constexpr):
     return first
 
 
-@triton.jit(do_not_specialize=["T", "H", "K"])
+@triton.jit(do_not_specialize=["T"])
 def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr,
                         w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,

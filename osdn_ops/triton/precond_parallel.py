@@ -106,7 +106,7 @@ def precompute_precision(k: Tensor) -> str:
     return "tf32" if k.element_size() == 2 else "tf32x3"
 
 
-@triton.jit(do_not_specialize=["T", "NT", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NT"])
 def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, mbc_ptr, h0_ptr,
                        fs_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr,
                        BETA_AWARE: tl.constexpr, FWD: tl.constexpr, ADJOINT: tl.constexpr, C: tl.constexpr,

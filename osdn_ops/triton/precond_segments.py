@@ -93,7 +93,7 @@ def segment_clean(flag_ptr, slot, j0, n, h, H, SEG: tl.constexpr, C: tl.constexp
     return tl.max(fl, 0) == 0
 
 
-@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NS"])
 def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr, amap_ptr, bmap_ptr, alpha_ptr, T,
                         NS, H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, ADJOINT: tl.constexpr,
                         SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
@@ -153,7 +153,7 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr,
             tl.store(alpha_ptr + base, alpha)
 
 
-@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NS"])
 def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_ptr, dstart_ptr, dfin_ptr, T, NS, H,
                           K, HAS_D0: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H), forward: ``d`` at every segment start to ``dstart [rows, H, BK]``; the unclamped ``d`` at the
@@ -172,7 +172,7 @@ def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_p
     tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
-@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NS"])
 def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, w_ptr, T, NS, H, K,
                           HAS_R: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr,
                           G: tl.constexpr, BK: tl.constexpr):
@@ -188,7 +188,7 @@ def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart
                      HAS_R, G, BK)
 
 
-@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NS"])
 def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, mb_ptr, mbc_ptr, hs_ptr,
                                   fs_ptr,
                                   flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, amap_ptr,
@@ -225,7 +225,7 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
     tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
 
 
-@triton.jit(do_not_specialize=["T", "NS", "H", "K"])
+@triton.jit(do_not_specialize=["T", "NS"])
 def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, mb_ptr, mbc_ptr, hs_ptr, fs_ptr,
                             flag_ptr, dk_ptr,
                             dbeta_ptr, dr_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
