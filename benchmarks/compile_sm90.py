@@ -6,7 +6,8 @@ A child process runs the ops under the Triton interpreter with kernel execution 
 and records each launch (kernel, argument types, constexprs, warps, stages) as the GPU path
 would make it (half-precision operand types included); this process then compiles every
 distinct one with Triton's own toolchain for ``GPUTarget("cuda", 90, 32)`` and prints its
-shared memory, registers per thread and spilled bytes (``ptxas -v``).
+shared memory, registers per thread, spilled bytes (``ptxas -v``) and its asynchronous copies (``cp.async``: the
+loads a software-pipelined loop issues ahead; zero where Triton did not pipeline).
 A variant that does not compile (or needs more than the 227 KiB of shared memory a Hopper
 block gets) is listed and makes the exit status 1. Catches what the interpreter cannot:
 register/shared-memory limits and compile errors of the GPU backend. ``--largest`` compiles only the
@@ -150,8 +151,9 @@ def main(argv=None):
             bad = smem > SMEM_LIMIT
             failures += bad
             usage = _ptxas_usage(compiled.asm["ptx"])
-            print(f"{'FAIL' if bad else 'ok  '} {name:24s} smem {smem / 1024:6.1f} KiB  {usage}  {opts}  {tag}",
-                  flush=True)
+            copies = compiled.asm["ptx"].count("cp.async")
+            print(f"{'FAIL' if bad else 'ok  '} {name:24s} smem {smem / 1024:6.1f} KiB  {usage}  async copies "
+                  f"{copies:3d}  {opts}  {tag}", flush=True)
         except Exception as e:
             failures += 1
             print(f"FAIL {name:24s} {type(e).__name__}: {str(e).splitlines()[0][:120]}  {tag}", flush=True)
