@@ -31,7 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .precond_tokens import decay_logs, load_d0, sequence_bounds, tokens_adjoint
+from .precond_tokens import decay_logs, flagged_chunk, load_d0, sequence_bounds, tokens_adjoint
 
 #: software-pipeline stages of the forward and adjoint group loops
 CHAIN_STAGES = tl.constexpr(4)
@@ -129,17 +129,6 @@ def adjoint_raw(k_ptr, mb_ptr, mbc_ptr, h0_ptr, r_ptr, fs, bos, eos, i, h, H, K,
 
 
 @triton.jit
-def last_flagged(flag_ptr, slot, j_lo, j_hi, h, H, FB: tl.constexpr):
-    """The last chunk ``j`` in ``[j_lo, j_hi)`` of a sequence whose flag is set (``j_lo - 1`` if none)."""
-    last = tl.full([], -1, tl.int64) + j_lo
-    for j0 in range(j_lo, j_hi, FB):
-        jj = j0 + tl.arange(0, FB).to(tl.int64)
-        f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < j_hi, other=0)
-        last = tl.maximum(last, tl.max(tl.where(f != 0, jj, j_lo - 1), 0))
-    return last
-
-
-@triton.jit
 def chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, i_lo, i_hi, h, H, K, HAS_R: tl.constexpr,
                  G: tl.constexpr, BK: tl.constexpr):
     """The forward chain over groups ``[i_lo, i_hi)`` of the sequence ``[bos, eos)`` from ``d`` at group
@@ -196,7 +185,7 @@ def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr, 
                                BETA_AWARE, G, BK)
             i_end = j * NG
         else:       # back to the last flagged chunk, group by group (a loop without branches: it pipelines)
-            i_start = tl.maximum((last_flagged(flag_ptr, slot, i_lo // NG, j, h, H, 64) + 1) * NG, i_lo)
+            i_start = tl.maximum((flagged_chunk(flag_ptr, slot, i_lo // NG, j, h, H, True, 64) + 1) * NG, i_lo)
             for ii in tl.range(0, i_end - i_start, num_stages=ADJOINT_STAGES):
                 i = i_end - 1 - ii
                 kv, mb, mbc, h0, r, f = adjoint_raw(k_ptr, mb_ptr, mbc_ptr, hs_ptr, r_ptr, fs, bos, eos, i, h, H, K,

@@ -20,7 +20,7 @@ from . import precond_segments as segments
 from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
 from .precond_parallel import advance, group_outputs, group_program, num_warps, precompute
-from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, load_d0, scan_tokens, sequence_bounds,
+from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, flagged_chunk, load_d0, scan_tokens, sequence_bounds,
                              sequences)
 
 #: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
@@ -44,17 +44,6 @@ def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_p
         tl.atomic_max(flag_ptr + row * H + h, tl.max(bad, 0))
 
 
-@triton.jit
-def first_flagged(flag_ptr, slot, nchunks, h, H, FB: tl.constexpr):
-    """Index of the first chunk of a sequence whose flag is set (``nchunks`` if none)."""
-    first = nchunks
-    for j0 in range(0, nchunks, FB):
-        jj = j0 + tl.arange(0, FB).to(tl.int64)
-        f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < nchunks, other=0)
-        first = tl.minimum(first, tl.min(tl.where(f != 0, jj, nchunks), 0))
-    return first
-
-
 @triton.jit(do_not_specialize=["T"])
 def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr,
                         w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
@@ -73,7 +62,7 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
     ckpt = ckpt_ptr + (slot * (C // G) * H + h) * BK
     if PARALLEL:
         nchunks = (eos - bos + C - 1) // C
-        first = first_flagged(flag_ptr, slot, nchunks, h, H, 64)
+        first = flagged_chunk(flag_ptr, slot, 0, nchunks, h, H, False, 64)
         if first < nchunks:
             d = tl.load(ckpt + first * (C // G) * H * BK + offs)
             for t0 in range(bos + first * C, eos, C):

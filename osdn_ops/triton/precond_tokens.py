@@ -203,6 +203,23 @@ def load_d0(d0_ptr, n, h, H, K, HAS_D0: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
+def flagged_chunk(flag_ptr, slot, j_lo, j_hi, h, H, LAST: tl.constexpr, FB: tl.constexpr):
+    """Among chunks ``j`` in ``[j_lo, j_hi)`` of the sequence whose flag rows start at ``slot``: the first whose
+    flag is set (``j_hi`` if none), or with ``LAST`` the last one (``j_lo - 1`` if none)."""
+    none = j_lo - 1 if LAST else j_hi
+    found = tl.full([], 0, tl.int64) + none
+    for j0 in range(j_lo, j_hi, FB):
+        jj = j0 + tl.arange(0, FB).to(tl.int64)
+        f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < j_hi, other=0)
+        hit = tl.where(f != 0, jj, none)
+        if LAST:
+            found = tl.maximum(found, tl.max(hit, 0))
+        else:
+            found = tl.minimum(found, tl.min(hit, 0))
+    return found
+
+
+@triton.jit
 def chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C: tl.constexpr, VARLEN: tl.constexpr):
     """Per-chunk scratch row (``bos // C + n + j``, see ``flag_slots``) of the chunk of the chunk grid
     (``asym_chunks.chunk_span``) that starts at token ``start``; only meaningful where the chunk exists."""
