@@ -3,7 +3,7 @@
 Chunk-parallel form, four launches: the precompute (``precond_parallel``, parallel over groups), the
 chain (``precond_chain``, serial: ``d`` at every group start and every token's ``w``, no clamp; in two levels
 for few long sequences, ``precond_segments``), the output pass (parallel over
-groups: each group's ``d_t`` from its checkpoint and ``w``, ``k_tilde``, and a flag on every chunk where a
+chunks: each group's ``d_t`` from its checkpoint and ``w``, ``k_tilde``, and a flag on every chunk where a
 pre-clamp value leaves the box) and the fixup (serial, usually idle: from a sequence's first flagged
 chunk on, where the unclamped chain is wrong, the per-chunk parallel form with the token loop as its
 fallback, rewriting ``k_tilde``, checkpoints, flags and ``d_final``). Token form: one serial launch.
@@ -17,15 +17,16 @@ import triton
 import triton.language as tl
 
 from . import precond_segments as segments
-from .asym_chunks import chunk_layout
+from .asym_chunks import chunk_layout, chunk_span
 from .precond_chain import _chain_kernel
-from .precond_parallel import advance, group_outputs, group_program, num_warps, precompute
-from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, flagged_chunk, load_d0, scan_tokens, sequence_bounds,
-                             sequences)
+from .precond_parallel import advance, group_outputs, num_warps, precompute
+from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, flag_slots, flagged_chunk, load_d0, scan_tokens,
+                             sequence_bounds, sequences)
 
 #: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
 CHAIN_WARPS = 4
-OUT_WARPS = 1
+OUT_WARPS = 2
+OUT_STAGES = tl.constexpr(2)        # software-pipeline stages of the output pass's group loop
 ADJOINT_OUT_WARPS = 2
 
 
@@ -33,14 +34,20 @@ ADJOINT_OUT_WARPS = 2
 def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_ptr, T, NT, H, K, d_min, d_max,
                 HAS_R: tl.constexpr, VARLEN: tl.constexpr, STORE_KT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                 BK: tl.constexpr):
-    """Grid (chunks * C/G, B*H), one program per group: ``k_tilde`` of the group (``STORE_KT``) from the
-    chain's checkpoint and ``w``, and its chunk's flag raised to 1 (an atomic max: the order of the four groups
-    does not matter) where some pre-clamp value lies outside the box or is NaN."""
-    start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
-    if gi * G < n:
-        d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK))
-        bad = group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, start + gi * G, start + n, h, H, K, d_min, d_max, HAS_R,
-                            STORE_KT, G, BK)
+    """Grid (chunks, B*H), one program per chunk: ``k_tilde`` of its groups (``STORE_KT``) from the chain's
+    checkpoints and ``w``, a group at a time (the loads of the next group in flight), and the chunk's flag
+    raised to 1 (an atomic max) where some pre-clamp value lies outside the box or is NaN."""
+    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
+    i_b = pid_bh // H
+    h = (pid_bh % H).to(tl.int64)
+    start, n, _ = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    if n > 0:
+        row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
+        bad = tl.zeros([BK], tl.int32)
+        for gi in tl.range(0, C // G, num_stages=OUT_STAGES):       # a group past the chunk's end is all masked
+            d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK))
+            bad = bad | group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, start + gi * G, start + n, h, H, K, d_min,
+                                      d_max, HAS_R, STORE_KT, G, BK)
         tl.atomic_max(flag_ptr + row * H + h, tl.max(bad, 0))
 
 
@@ -136,7 +143,7 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
             _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, w, T, H, K,
                                   HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
                                   C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
-        _out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
+        _out_kernel[(lay.n_chunks, B * H)](
             k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, ckpt, w,
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),
             HAS_R=retention is not None, VARLEN=cu_seqlens is not None, STORE_KT=store_kt, C=CHUNK, G=GROUP, BK=BK,

@@ -344,8 +344,9 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
 
 def num_warps(BK: int, parallel: bool) -> int:
     """Warps of the per-sequence programs that run whole chunks: few for the token loop (cheap
-    reductions), many for the fixup's per-chunk parallel form with its [16, BK] tiles (H200, S1, when
-    that form ran every chunk: 0.52 / 0.39 / 0.27 ms at 4 / 8 / 16 warps)."""
+    reductions), more for the fixup's per-chunk parallel form with its [16, BK] tiles (H200, BK 128, fixup
+    kernel ms at 4 / 8 / 16 warps: every S1 chunk through the parallel form 0.390 / 0.370 / 0.821, S2 0.762 /
+    0.713 / 1.624; S1-clamp, 80% of chunks token by token, 1.051 / 1.063 / 1.734)."""
     if parallel:
-        return 16 if BK >= 128 else 8
+        return 8
     return 2 if BK > 128 else 1
