@@ -4,8 +4,8 @@ No GPU needed: ``benchmarks/compile_sm90.py --largest`` records the launches of 
 backward, K = V = 256, bf16) under the interpreter and compiles each with Triton's own toolchain. The
 interpreter alone cannot see shared-memory or register limits: a K = 256 variant of the reverse
 recurrence that needed 368 KB of shared memory (the H200 gives a block 227 KB) once reached the GPU
-unnoticed. It also checks that precond_scan's serial chains compile to software-pipelined loops (asynchronous
-copies in their PTX), which the interpreter cannot see either.
+unnoticed. It also checks that precond_scan's serial chains and its output pass compile to software-pipelined
+loops (asynchronous copies in their PTX), which the interpreter cannot see either.
 """
 import os
 import re
@@ -26,10 +26,11 @@ def test_largest_variants_fit_sm90():
                          env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert " 0 failed" in res.stdout, res.stdout[-4000:]
-    # precond_scan's serial chains are software-pipelined (their loads issued groups ahead, 20-25% of their time on
-    # the H200): a branch inside the group loop, or key rows of unknown alignment, would silently undo that
-    chains = [ln for ln in res.stdout.splitlines()
-              if " _chain_kernel " in ln or (" _adjoint_kernel " in ln and "PARALLEL=True" in ln)]
-    assert len(chains) >= 2, res.stdout[-4000:]
-    for line in chains:
+    # precond_scan's serial chains and its output pass are software-pipelined (their loads issued groups ahead,
+    # 20-25% of the chains' time on the H200): a branch inside the group loop, or key rows of unknown alignment,
+    # would silently undo that
+    pipelined = [ln for ln in res.stdout.splitlines() if " _chain_kernel " in ln or " _out_kernel " in ln
+                 or (" _adjoint_kernel " in ln and "PARALLEL=True" in ln)]
+    assert len(pipelined) >= 3, res.stdout[-4000:]
+    for line in pipelined:
         assert int(re.search(r"async copies +(\d+)", line).group(1)) > 0, line
