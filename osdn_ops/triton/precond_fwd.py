@@ -17,11 +17,11 @@ import triton
 import triton.language as tl
 
 from . import precond_segments as segments
-from .asym_chunks import chunk_layout, chunk_span
+from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
-from .precond_parallel import advance, group_outputs, num_warps, precompute
-from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, flag_slots, flagged_chunk, load_d0, scan_tokens,
-                             sequence_bounds, sequences)
+from .precond_parallel import advance, chunk_program, group_outputs, num_warps, precompute
+from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, flagged_chunk, load_d0, scan_tokens, sequence_bounds,
+                             sequences)
 
 #: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
 CHAIN_WARPS = 4
@@ -37,12 +37,8 @@ def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_p
     """Grid (chunks, B*H), one program per chunk: ``k_tilde`` of its groups (``STORE_KT``) from the chain's
     checkpoints and ``w``, a group at a time (the loads of the next group in flight), and the chunk's flag
     raised to 1 (an atomic max) where some pre-clamp value lies outside the box or is NaN."""
-    pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
-    i_b = pid_bh // H
-    h = (pid_bh % H).to(tl.int64)
-    start, n, _ = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    start, n, h, row = chunk_program(tl.program_id(0), tl.program_id(1), cu_ptr, table_ptr, T, NT, H, C, VARLEN)
     if n > 0:
-        row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
         bad = tl.zeros([BK], tl.int32)
         for gi in tl.range(0, C // G, num_stages=OUT_STAGES):       # a group past the chunk's end is all masked
             d = tl.load(ckpt_ptr + (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK))

@@ -71,16 +71,24 @@ def group_logs(r_ptr, rows, mrow, h, H, HAS_R: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def chunk_program(pid_c, pid_bh, cu_ptr, table_ptr, T, NT, H, C: tl.constexpr, VARLEN: tl.constexpr):
+    """Chunk ``pid_c`` of the chunk grid (``asym_chunks.chunk_span``) for column ``pid_bh`` (of B*H): ``(first
+    token of the chunk (int64), its length (<= 0: no chunk), head (int64), the chunk's scratch row
+    (``chunk_slot``))``."""
+    i_b = pid_bh // H
+    start, n, _ = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
+    row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
+    return start, n, (pid_bh % H).to(tl.int64), row
+
+
+@triton.jit
 def group_program(cu_ptr, table_ptr, T, NT, H, C: tl.constexpr, G: tl.constexpr, VARLEN: tl.constexpr):
     """A program of a grid ``(chunks * C/G, B*H)``, one per group: ``(first token of its chunk (int64),
-    chunk length (<= 0: no chunk), group index in the chunk, head (int64), the chunk's scratch row
-    (``chunk_slot``))``."""
-    pid_g, pid_bh = tl.program_id(0), tl.program_id(1)
-    pid_c, gi = pid_g // (C // G), pid_g % (C // G)
-    i_b = pid_bh // H
-    start, n, hrow = chunk_span(pid_c, i_b, cu_ptr, table_ptr, T, NT, C, VARLEN)
-    row = chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C, VARLEN)
-    return start, n, gi, (pid_bh % H).to(tl.int64), row
+    chunk length (<= 0: no chunk), group index in the chunk, head (int64), the chunk's scratch row)``
+    (``chunk_program``)."""
+    pid_g = tl.program_id(0)
+    start, n, h, row = chunk_program(pid_g // (C // G), tl.program_id(1), cu_ptr, table_ptr, T, NT, H, C, VARLEN)
+    return start, n, pid_g % (C // G), h, row
 
 
 @triton.jit
