@@ -48,10 +48,14 @@ from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, f
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 
 
-#: launch of the reverse recurrence ``_dh``: warps, stages, V block (halved where few programs: ``fill_block_v``)
+#: launch of the reverse recurrence ``_dh``: warps, stages, V block (halved where few programs: ``fill_block_v``).
+#: Not 4 warps: faster without a gate (S1 0.258 -> 0.241 ms) but wrong on the H200 for a shape of the property
+#: tests (an illegal memory access and a wrong initial-state gradient; benchmarks/RESULTS.md)
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
-#: warps of ``_dqkv``
-DQKV_WARPS = 8
+#: warps of ``_dqkv``, and its stages for half inputs with K <= 128 and no channel gate (the loads of its loops over
+#: V blocks pipelined; H200, S1 ms: 0.639 -> 0.620 ungated, 0.991 -> 0.919 with the scalar gate; the channel gate
+#: got slower, 2.308 -> 2.469)
+DQKV_WARPS, DQKV_STAGES = 8, 2
 
 
 @triton.jit
@@ -454,5 +458,5 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     for far in (False, True) if GATE == 2 else (False,):
         _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu, T,
                       lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, far, VARLEN, num_warps=DQKV_WARPS,
-                      num_stages=1)
+                      num_stages=DQKV_STAGES if HALF and BK <= 128 and GATE < 2 else 1)
     return dq, dk, dkt, dv, dg, dbeta, dh0
