@@ -8,12 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import osdn_ops.triton as ot
 from osdn_ops.reference import precond_scan_recurrent
 from osdn_ops.triton import precond as tp
 from osdn_ops.triton import precond_segments as segments
 from osdn_ops.triton.precond_fwd import forward_pass
+from osdn_ops.triton.precond_tokens import flagged_chunk
 
 HP = dict(d_min=0.5, d_max=2.0, eps=1e-6)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -269,6 +272,32 @@ def test_two_level_choice(monkeypatch):
     assert segments.segment_tokens(k(8, 2048, 16), None) == 0          # S1: 128 chains
     assert segments.segment_tokens(k(2, 1024, 4), None) == 0           # short sequences
     assert segments.segment_tokens(torch.empty(1, 32768, 8, 256, device="meta"), None) == 0     # K = 256
+
+
+@triton.jit
+def _flag_search_kernel(flag_ptr, lo_ptr, hi_ptr, out_ptr, H, LAST: tl.constexpr, FB: tl.constexpr):
+    """Program i: ``flagged_chunk`` over chunks ``[lo[i], hi[i])`` of head ``i % H`` (flag rows from slot 3)."""
+    i = tl.program_id(0)
+    j = flagged_chunk(flag_ptr, 3, tl.load(lo_ptr + i), tl.load(hi_ptr + i), i % H, H, LAST, FB)
+    tl.store(out_ptr + i, j)
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_flag_search_blocks(last):
+    """The flag search reads blocks of FB flags from the end it searches from and stops at the first hit: with
+    FB = 4 over 40 chunks (sparse and dense flags, empty ranges) it returns what a Python search does."""
+    gen = torch.Generator().manual_seed(3)
+    H, n = 2, 40
+    flags = (torch.rand(3 + n, H, generator=gen) < 0.08).to(torch.int32)
+    flags[3 + 30:3 + 33, 1] = 1
+    lo = torch.randint(0, n, (64,), generator=gen)
+    hi = torch.minimum(lo + torch.randint(0, 30, (64,), generator=gen), torch.tensor(n))
+    out = torch.empty(64, dtype=torch.int64, device=DEV)
+    _flag_search_kernel[(64,)](flags.to(DEV), lo.to(DEV), hi.to(DEV), out, H, LAST=last, FB=4)
+    for i in range(64):
+        hits = [j for j in range(int(lo[i]), int(hi[i])) if flags[3 + j, i % H]]
+        want = (max(hits) if hits else int(lo[i]) - 1) if last else (min(hits) if hits else int(hi[i]))
+        assert int(out[i]) == want, (i, int(lo[i]), int(hi[i]), hits)
 
 
 def test_empty_time_and_float64_reference():

@@ -205,17 +205,27 @@ def load_d0(d0_ptr, n, h, H, K, HAS_D0: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def flagged_chunk(flag_ptr, slot, j_lo, j_hi, h, H, LAST: tl.constexpr, FB: tl.constexpr):
     """Among chunks ``j`` in ``[j_lo, j_hi)`` of the sequence whose flag rows start at ``slot``: the first whose
-    flag is set (``j_hi`` if none), or with ``LAST`` the last one (``j_lo - 1`` if none)."""
-    none = j_lo - 1 if LAST else j_hi
-    found = tl.full([], 0, tl.int64) + none
-    for j0 in range(j_lo, j_hi, FB):
-        jj = j0 + tl.arange(0, FB).to(tl.int64)
-        f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < j_hi, other=0)
-        hit = tl.where(f != 0, jj, none)
-        if LAST:
-            found = tl.maximum(found, tl.max(hit, 0))
-        else:
-            found = tl.minimum(found, tl.min(hit, 0))
+    flag is set (``j_hi`` if none), or with ``LAST`` the last one (``j_lo - 1`` if none). Reads ``FB`` flags at a
+    time from the end it searches from and stops at the first block with a set flag, so a search costs one load
+    per ``FB`` chunks between that end and the hit (the adjoint chain's searches, one per run of unflagged chunks,
+    then read each flag about once)."""
+    none = tl.full([], 0, tl.int64) + (j_lo - 1 if LAST else j_hi)
+    found = none
+    if LAST:
+        j1 = tl.full([], 0, tl.int64) + j_hi
+        while (found == none) & (j1 > j_lo):
+            j0 = tl.maximum(j1 - FB, j_lo)
+            jj = j0 + tl.arange(0, FB).to(tl.int64)
+            f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < j1, other=0)
+            found = tl.max(tl.where(f != 0, jj, none), 0)
+            j1 = j0
+    else:
+        j0 = tl.full([], 0, tl.int64) + j_lo
+        while (found == none) & (j0 < j_hi):
+            jj = j0 + tl.arange(0, FB).to(tl.int64)
+            f = tl.load(flag_ptr + (slot + jj) * H + h, mask=jj < j_hi, other=0)
+            found = tl.min(tl.where(f != 0, jj, none), 0)
+            j0 += FB
     return found
 
 
