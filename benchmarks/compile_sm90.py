@@ -77,7 +77,8 @@ def record(workload):
 
 
 def workload(largest=False):
-    """Every op forward and backward, per (K, V), dtype, gate and layout; ``largest``: only the biggest
+    """Every op forward and backward, per (K, V), dtype, gate and layout (precond_scan also as the benchmarks call
+    it: dense, without d0 and retention, the backward from the forward's residuals); ``largest``: only the biggest
     half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first."""
     import osdn_ops.triton as ot
     from tests.inputs import asym_call, asym_problem, precond_problem
@@ -99,6 +100,10 @@ def workload(largest=False):
                     0.5, 0.5, 2.0, 1e-6, True)
             kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
             ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
+        if not largest:     # as the benchmarks call it: dense, no d0 or retention, the backward from the residuals
+            p = precond_problem(B=2, T=130, H=2, K=K, dtype=dtype, d0=False, retention=False, requires_grad=True)
+            kt, d = ot.precond_scan(p["k"], p["beta"])
+            torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
 
 
 def _ptxas_usage(ptx: str) -> str:
