@@ -53,7 +53,7 @@ from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 #: tests (an illegal memory access and a wrong initial-state gradient; benchmarks/RESULTS.md)
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
 #: warps of ``_dqkv``, and its stages for half inputs with K <= 128 and no channel gate (the loads of its loops over
-#: V blocks pipelined; H200, S1 ms: 0.639 -> 0.620 ungated, 0.991 -> 0.919 with the scalar gate; the channel gate
+#: V blocks pipelined; H200, S1 ms: 0.639 -> 0.622 ungated, 0.991 -> 0.928 with the scalar gate; the channel gate
 #: got slower, 2.308 -> 2.469)
 DQKV_WARPS, DQKV_STAGES = 8, 2
 
