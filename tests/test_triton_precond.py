@@ -15,7 +15,7 @@ import osdn_ops.triton as ot
 from osdn_ops.reference import precond_scan_recurrent
 from osdn_ops.triton import precond as tp
 from osdn_ops.triton import precond_segments as segments
-from osdn_ops.triton.precond_fwd import forward_pass
+from osdn_ops.triton.precond_fwd import forward_pass, residual_views
 from osdn_ops.triton.precond_tokens import flagged_chunk
 
 HP = dict(d_min=0.5, d_max=2.0, eps=1e-6)
@@ -214,11 +214,12 @@ def test_backward_from_saved_residuals(form):
     for a, b in zip(tp.precond_scan_bwd(*g, *args, form=form, saved=(ckpt, flags)),
                     tp.precond_scan_bwd(*g, *args, form=form)):
         assert torch.equal(a, b)
-    if form == "parallel":      # the kept per-token w (the buffer's tail) is what the adjoint pass reads
-        moved = ckpt.clone()
-        moved[-x["k"].shape[0] * x["k"].shape[1] * x["k"].shape[2]:] *= 1.5
-        dk = tp.precond_scan_bwd(*g, *args, form=form, saved=(moved, flags))[0]
-        assert not torch.equal(dk, tp.precond_scan_bwd(*g, *args, form=form, saved=(ckpt, flags))[0])
+    if form == "parallel":      # the kept per-token w and Tinv^T are what the backward reads
+        for part in (1, 2):
+            moved = ckpt.clone()
+            residual_views(moved, x["k"], None)[part].mul_(1.5)
+            dk = tp.precond_scan_bwd(*g, *args, form=form, saved=(moved, flags))[0]
+            assert not torch.equal(dk, tp.precond_scan_bwd(*g, *args, form=form, saved=(ckpt, flags))[0])
 
 
 @pytest.mark.parametrize("keys, eta, retention, fallback", [
@@ -305,6 +306,18 @@ def test_empty_time_and_float64_reference():
     kt, df = ot.precond_scan(x["k"], x["beta"], x["d0"], x["retention"], eta=0.1, beta_aware=True, **HP)
     assert kt.shape == x["k"].shape and torch.equal(df, x["d0"])
     check(problem(T=20, dtype=torch.float64), eta=0.05, tol=1e-10)
+
+
+@pytest.mark.parametrize("cu", [None, [0, 0]], ids=["dense", "varlen"])
+def test_empty_time_backward(cu):
+    """T = 0 through autograd (the backward from the saved residuals): empty gradients of k and beta, and
+    d0's gradient is d_final's."""
+    x = problem(B=1, T=0, cu=cu, retention=False)
+    k, beta, d0 = (x[n].clone().requires_grad_() for n in ("k", "beta", "d0"))
+    kt, df = ot.precond_scan(k, beta, d0, None, cu_seqlens=x["cu_seqlens"], eta=0.1, beta_aware=False, **HP)
+    gd = torch.randn_like(df)
+    torch.autograd.backward((kt, df), (torch.randn_like(kt), gd))
+    assert k.grad.shape == k.shape and beta.grad.shape == beta.shape and torch.equal(d0.grad, gd)
 
 
 # ------------------------------------------------------------------ GPU, BENCH.md shapes (scaled)

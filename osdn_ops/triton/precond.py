@@ -4,7 +4,7 @@ Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 ``retention [B,T,H]`` or None (ones), ``cu_seqlens [N+1]`` or None (N = B).
 ``precond_scan_fwd -> (k_tilde [B,T,H,K] in k's dtype, d_final [N,H,K] fp32)``, with ``save=True`` followed by
 the backward's residuals ``(checkpoints, flags)`` (``saved_shapes``; ``checkpoints`` holds ``d`` at every group
-start and every token's ``w``);
+start, every token's ``w`` and every group's ``Tinv^T``);
 ``precond_scan_bwd -> (dk, dbeta, dd0 [N,H,K] fp32, dretention or empty [0] fp32)``; given the residuals
 (``saved``) it does not rerun the forward.
 
@@ -56,10 +56,12 @@ def _use_reference(k) -> bool:
 
 def saved_shapes(k, cu_seqlens) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of the forward's residuals for the backward: one flat fp32 buffer with ``d`` at every 16-token
-    group start and every token's ``w`` (``precond_fwd.residual_views``), and the chunks that ran token by
-    token (``[flag_slots, H]`` int32); ``(0,)`` each where the reference kernels run (they keep nothing).
+    group start, every token's ``w`` and every group's ``Tinv^T`` (``precond_fwd.residual_views``), and the chunks
+    that ran token by token (``[flag_slots, H]`` int32); ``(0,)`` each where the reference kernels run (they keep
+    nothing).
 
-    Keeping them costs about an eighth of the bf16 keys' bytes and saves the backward a second forward chain."""
+    Keeping them costs 100 bytes per token and head (0.39 of the bf16 keys' bytes at K = 128) and saves the
+    backward a second forward chain and its precompute the Gram matrices and inverses."""
     if _use_reference(k):
         return (0,), (0,)
     return (residuals(k, cu_seqlens),), (flag_slots(k, cu_seqlens), k.shape[2])

@@ -6,13 +6,14 @@ Shapes as in ``precond``: ``dk_tilde [B,T,H,K]``, ``dd_final [N,H,K]`` -> ``dk``
 What is saved and what is recomputed: storing the whole trajectory ``d_t`` would cost a fp32
 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once. The forward keeps instead what its
 chain wrote anyway: ``d`` at every 16-token group start (``[4 * slots, H, BK]`` fp32, an eighth of the
-bf16 keys' bytes), every token's ``w`` (``[B*T, H]`` fp32, 4 bytes a token and head) and which chunks ran
-token by token (``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with
-a cumulative sum. Without them (``saved=None``) the forward runs again (``precond_fwd``, same form, no
-``k_tilde``). Then, in the chunk-parallel form:
+bf16 keys' bytes), every token's ``w`` (``[B*T, H]`` fp32, 4 bytes a token and head), every group's
+``Tinv^T`` (``[B*T, H, 16]`` fp32, a quarter of the keys' bytes) and which chunks ran token by token
+(``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with a cumulative sum,
+and its precompute needs no Gram matrix or inverse. Without them (``saved=None``) the forward runs again
+(``precond_fwd``, same form, no ``k_tilde``). Then, in the chunk-parallel form:
 
-1. the precompute with the adjoint terms (``precond_parallel``, parallel over groups; the forward's ``M`` and
-   ``w0`` only when the forward runs again);
+1. the precompute of the adjoint terms (``precond_parallel``, parallel over groups; ``Tinv`` and the forward's
+   ``M`` and ``w0`` only when the forward runs again);
 2. the adjoint chain (``precond_chain._adjoint_kernel``, one program per (sequence, head), chunks
    backwards; in two levels for few long sequences, ``precond_segments``): the gradient at every group
    end and every token's ``sigma``, three short dependent steps per group; a chunk that ran token by token
@@ -77,28 +78,29 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
                dr=dr if retention is not None else dummy)
     flags_v = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware))
     lay = chunk_layout(cu_seqlens, B, T) if parallel else None
+    tt = precond_fwd.residual_views(saved[0], k, cu_seqlens)[2] if saved is not None else None
     if parallel:
-        M, w0, Mb, Mbc, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay,
-                                            forward_terms=saved is None)
+        M, w0, tt, a, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay,
+                                          tinv_t=tt, forward_terms=saved is None)
     else:
-        Mb = Mbc = h0 = fs = dummy
+        tt = a = h0 = fs = dummy
     if saved is None:
         _, _, flags, res = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
-                                        parallel, store_kt=False, keep=True, scratch=(M, w0) if parallel else None,
-                                        layout=lay)
+                                        parallel, store_kt=False, keep=not parallel,
+                                        scratch=(M, w0) if parallel else None, layout=lay)
     else:
         res, flags = saved
-    ckpt, w = precond_fwd.residual_views(res, k, cu_seqlens)
+    ckpt, w, _ = precond_fwd.residual_views(res, k, cu_seqlens)
     gck = torch.empty_like(ckpt) if parallel else dummy
     seg = segments.segment_tokens(k, cu_seqlens) if parallel else 0
     if seg:
-        segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, Mb, Mbc, h0, fs,
+        segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, tt, a, h0, fs,
                                  flags, dk, dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
                                  precond_fwd.CHAIN_WARPS)
     else:
         traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
         _adjoint_kernel[(N, H)](
-            dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], Mb, Mbc, h0, fs,
+            dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], tt, a, h0, fs,
             flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
             T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
             BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)

@@ -4,9 +4,9 @@
 Notation of ``precond_parallel``. Per group, with ``s_t = k_t^2`` and ``e_t = exp(Gam_end - Gam_{t+1})``:
 
 * forward (``chain_step``): ``p = S d``, ``w = w0 - M p``, ``d_end = exp(Gam_end) d + sum_t e_t w_t s_t``;
-* adjoint (``adjoint_step``, groups in reverse): ``q = S g``, ``u = Mbc q``,
-  ``g_start = exp(Gam_end) g + fsum - sum_t u_t s_t``, with ``Mbc`` and ``fsum`` from the precompute; off the
-  serial path, ``sigma = h0 + Mb q``.
+* adjoint (``adjoint_step``, groups in reverse): ``q = S g``, ``v = Tinv^T (e q)``,
+  ``g_start = exp(Gam_end) g + fsum - sum_t a_t v_t s_t``, with ``Tinv^T`` kept by the forward and ``a``,
+  ``fsum`` from the backward's precompute; off the serial path, ``sigma = h0 + v``.
 
 Each is three short dependent reductions. The forward chain applies no clamp: it writes ``d`` at every
 group start (``ckpt``), every token's ``w`` and a provisional ``d_final``; the output pass (``precond_fwd``)
@@ -14,8 +14,8 @@ forms each group's ``d_t`` from its checkpoint and ``w`` (a cumulative sum, no r
 ``k_tilde`` and flags the chunks whose pre-clamp values leave the box, and a fixup pass reruns each sequence
 from its first flagged chunk. The adjoint chain writes the gradient at every group end (``gck``, same rows as
 ``ckpt``) and every token's ``sigma`` for the parallel adjoint pass, and runs chunks the forward flagged token
-by token itself. The forward keeps ``ckpt`` and ``w`` for the backward, whose adjoint pass so needs neither
-``M`` nor ``Mb``.
+by token itself. The forward keeps ``ckpt``, ``w`` and ``Tinv^T`` for the backward, whose adjoint pass so
+needs no matrix at all.
 
 Inputs of a group do not depend on the chain, so the group loops are software-pipelined: Triton's
 ``tl.range(num_stages=...)`` issues the loads of the next groups (asynchronously, into shared memory) while the
@@ -40,7 +40,7 @@ ADJOINT_STAGES = tl.constexpr(3)
 
 @triton.jit
 def raw_matrix(x_ptr, t0, t1, h, H, G: tl.constexpr):
-    """A ``[G, G]`` fp32 per-row matrix (M, Mb or Mbc) of tokens ``[t0, min(t0 + G, t1))``; zeros past the end."""
+    """A ``[G, G]`` fp32 per-row matrix (M or Tinv^T) of tokens ``[t0, min(t0 + G, t1))``; zeros past the end."""
     ci = tl.arange(0, G)
     rows = t0 + ci
     return tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=(rows < t1)[:, None], other=0.0)
@@ -48,7 +48,7 @@ def raw_matrix(x_ptr, t0, t1, h, H, G: tl.constexpr):
 
 @triton.jit
 def raw_rows(k_ptr, x_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
-    """Keys ``[G, BK]`` and a ``[G, G]`` fp32 per-row matrix (M or Mbc) of tokens ``[t0, min(t0 + G, t1))``,
+    """Keys ``[G, BK]`` and a ``[G, G]`` fp32 per-row matrix (M or Tinv^T) of tokens ``[t0, min(t0 + G, t1))``,
     unconverted; zeros past the end."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
@@ -79,16 +79,17 @@ def chain_step(d, kv, M, w0, r, HAS_R: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
-def adjoint_step(g, kv, Mb, Mbc, h0, r, fsum, HAS_R: tl.constexpr, G: tl.constexpr):
+def adjoint_step(g, kv, TT, a, h0, r, fsum, HAS_R: tl.constexpr, G: tl.constexpr):
     """``(the gradient at a group's start, the group's sigma [G])`` from ``g`` at its end (raw inputs, zeros
     past the end); sigma is off the serial path."""
     s = kv.to(tl.float32) * kv.to(tl.float32)
     q = tl.sum(s * g[None, :], 1)
-    u = tl.sum(Mbc * q[None, :], 1)
-    sigma = h0 + tl.sum(Mb * q[None, :], 1)
     lg, lgi = decay_logs(r, HAS_R, G)
     lg_end = tl.sum(lgi - lg, 0)
-    return tl.exp(lg_end) * g + fsum - tl.sum(u[:, None] * s, 0), sigma
+    if HAS_R:
+        q = tl.exp(tl.minimum(lg_end - lgi, 0.0)) * q
+    v = tl.sum(TT * q[None, :], 1)
+    return tl.exp(lg_end) * g + fsum - tl.sum((a * v)[:, None] * s, 0), h0 + v
 
 
 @triton.jit
@@ -113,19 +114,19 @@ def chain_raw(k_ptr, m_ptr, w0_ptr, r_ptr, bos, eos, i, h, H, K, HAS_R: tl.const
 
 
 @triton.jit
-def adjoint_raw(k_ptr, mb_ptr, mbc_ptr, h0_ptr, r_ptr, fs, bos, eos, i, h, H, K, HAS_R: tl.constexpr, G: tl.constexpr,
+def adjoint_raw(k_ptr, tt_ptr, a_ptr, h0_ptr, r_ptr, fs, bos, eos, i, h, H, K, HAS_R: tl.constexpr, G: tl.constexpr,
                 BK: tl.constexpr):
-    """Raw inputs of adjoint group ``i``: keys, Mb, Mbc, h0, retention and fsum."""
+    """Raw inputs of adjoint group ``i``: keys, Tinv^T, a, h0, retention and fsum."""
     t0, t1 = group_bounds(bos, eos, i, G)
-    kv, mbc = raw_rows(k_ptr, mbc_ptr, t0, t1, h, H, K, G, BK)
-    mb = raw_matrix(mb_ptr, t0, t1, h, H, G)
+    kv, tt = raw_rows(k_ptr, tt_ptr, t0, t1, h, H, K, G, BK)
+    a = raw_scalars(a_ptr, t0, t1, h, H, 0.0, G)
     h0 = raw_scalars(h0_ptr, t0, t1, h, H, 0.0, G)
     if HAS_R:
         r = raw_scalars(r_ptr, t0, t1, h, H, 1.0, G)
     else:
         r = tl.full([G], 1.0, tl.float32)
     f = tl.load(fs + i * H * BK + tl.arange(0, BK))
-    return kv, mb, mbc, h0, r, f
+    return kv, tt, a, h0, r, f
 
 
 @triton.jit
@@ -164,7 +165,7 @@ def _chain_kernel(k_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, dfin_ptr, ckpt_pt
 
 
 @triton.jit
-def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr, fs, flag_ptr, dk_ptr, dbeta_ptr,
+def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr, fs, flag_ptr, dk_ptr, dbeta_ptr,
                    dr_ptr, ckpt, gck, traj, bos, eos, slot, i_lo, i_hi, h, H, K, eta, d_min, d_max, eps,
                    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                    BK: tl.constexpr):
@@ -188,10 +189,10 @@ def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr, 
             i_start = tl.maximum((flagged_chunk(flag_ptr, slot, i_lo // NG, j, h, H, True, 64) + 1) * NG, i_lo)
             for ii in tl.range(0, i_end - i_start, num_stages=ADJOINT_STAGES):
                 i = i_end - 1 - ii
-                kv, mb, mbc, h0, r, f = adjoint_raw(k_ptr, mb_ptr, mbc_ptr, hs_ptr, r_ptr, fs, bos, eos, i, h, H, K,
-                                                    HAS_R, G, BK)
+                kv, tt, a, h0, r, f = adjoint_raw(k_ptr, tt_ptr, a_ptr, hs_ptr, r_ptr, fs, bos, eos, i, h, H, K,
+                                                  HAS_R, G, BK)
                 tl.store(gck + i * H * BK + offs, g)
-                g, sigma = adjoint_step(g, kv, mb, mbc, h0, r, f, HAS_R, G)
+                g, sigma = adjoint_step(g, kv, tt, a, h0, r, f, HAS_R, G)
                 t0, t1 = group_bounds(bos, eos, i, G)
                 rows = t0 + tl.arange(0, G)
                 tl.store(hs_ptr + rows * H + h, sigma, mask=rows < t1)
@@ -200,7 +201,7 @@ def adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr, 
 
 
 @triton.jit(do_not_specialize=["T"])
-def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, mbc_ptr, hs_ptr, fs_ptr, flag_ptr,
+def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, tt_ptr, a_ptr, hs_ptr, fs_ptr, flag_ptr,
                     dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, T, H, K, eta, d_min, d_max, eps,
                     HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                     C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
@@ -209,8 +210,8 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, mb
     ``PARALLEL``: the adjoint chain, writing ``g`` at each group's end to ``gck`` (rows as ``ckpt``), and
     the token loop for the chunks ``flag`` marks (chunk rows ``slot + j``); they get their token gradients
     here. Otherwise every chunk runs the token loop. ``ckpt``: ``d`` at group starts (the forward's);
-    ``traj`` ``[N*H, C, BK]`` scratch; ``mb``, ``mbc``, ``hs`` (h0, overwritten by sigma), ``fs``: the
-    precompute's adjoint terms for the chain."""
+    ``traj`` ``[N*H, C, BK]`` scratch; ``tt`` (the forward's Tinv^T), ``a``, ``hs`` (h0, overwritten by sigma),
+    ``fs``: the precompute's terms for the chain."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -221,7 +222,7 @@ def _adjoint_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, mb_ptr, mb
     g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
     traj = traj_ptr + (n * H + h) * C * BK
     if PARALLEL:
-        g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+        g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
                            fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, ckpt,
                            gck_ptr + (NG * slot * H + h) * BK, traj, bos, eos, slot, 0, (eos - bos + G - 1) // G, h, H,
                            K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)

@@ -87,18 +87,22 @@ def _checkpoint_numel(k, cu_seqlens) -> int:
     return flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * k.shape[2] * block_k(k.shape[-1])
 
 
-def residuals(k, cu_seqlens) -> int:
-    """Size of what the forward keeps for the backward (fp32, one flat buffer; ``residual_views``)."""
+def residuals(k, cu_seqlens, keep: bool = True) -> int:
+    """Size of what the forward keeps for the backward (fp32, one flat buffer; ``residual_views``); without
+    ``keep``, of the part the forward itself needs (no ``Tinv^T``)."""
     B, T, H, K = k.shape
-    return _checkpoint_numel(k, cu_seqlens) + B * T * H
+    return _checkpoint_numel(k, cu_seqlens) + B * T * H * (1 + GROUP * keep)
 
 
 def residual_views(res, k, cu_seqlens):
-    """``(ckpt [4 * flag_slots, H, BK], w [B*T, H])`` views of a ``residuals``-sized buffer: ``d`` at every group
-    start and every token's ``w`` (``precond_parallel``), as the chain wrote them."""
+    """``(ckpt [4 * flag_slots, H, BK], w [B*T, H], tinv_t [B*T, H, GROUP] or None)`` views of a
+    ``residuals``-sized buffer: ``d`` at every group start and every token's ``w`` as the chain wrote them, and
+    every group's ``Tinv^T`` as the precompute wrote it (``precond_parallel``; None without ``keep``)."""
     B, T, H, K = k.shape
     n = _checkpoint_numel(k, cu_seqlens)
-    return res[:n].view(-1, H, block_k(K)), res[n:].view(B * T, H)
+    m = n + B * T * H
+    tt = res[m:].view(B * T, H, GROUP) if res.numel() == m + B * T * H * GROUP else None
+    return res[:n].view(-1, H, block_k(K)), res[n:m].view(B * T, H), tt
 
 
 def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel, *,
@@ -106,9 +110,10 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
     """Launch the forward: ``(k_tilde or None, d_final, flags, residuals)``.
 
     ``flags [flag_slots, H]`` int32 (1: the chunk ran the token loop) come from the parallel form, as do the
-    ``residuals`` (``residual_views``: ``d`` at every group start and every token's ``w``; in the token form only
-    with ``keep``, and only the checkpoints are written). ``scratch``: the ``(M, w0)`` of :func:`precompute`
-    (computed here when None and ``parallel``); ``flags``: a tensor to fill instead of a new zeroed one (parallel
+    ``residuals`` (``residual_views``: ``d`` at every group start, every token's ``w`` and, with ``keep``, every
+    group's ``Tinv^T``; in the token form only with ``keep``, and only the checkpoints are written).
+    ``scratch``: the ``(M, w0)`` of :func:`precompute` (computed here when None and ``parallel``; it then writes no
+    ``Tinv^T``); ``flags``: a tensor to fill instead of a new zeroed one (parallel
     form; the flags of existing chunks become the maximum of their value and 0 or 1); ``layout``: the inputs'
     ``chunk_layout`` (built here when None).
     """
@@ -120,18 +125,18 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
     dfin = torch.empty(N, H, K, **f32)
     if parallel and flags is None:
         flags = torch.zeros(flag_slots(k, cu_seqlens), H, dtype=torch.int32, device=k.device)
-    res = torch.empty(residuals(k, cu_seqlens), **f32) if parallel or keep else None
+    res = torch.empty(residuals(k, cu_seqlens, keep), **f32) if parallel or keep else None
     if N * H == 0:
         return kt, dfin, flags, res
-    ckpt, w = residual_views(res, k, cu_seqlens) if res is not None else (None, None)
+    ckpt, w, tt = residual_views(res, k, cu_seqlens) if res is not None else (None, None, None)
     dummy = k
     opt = dict(d0=d0 if d0 is not None else dummy, r=retention if retention is not None else dummy,
                cu=cu_seqlens if cu_seqlens is not None else dummy)
     flags_arg = flags if parallel else dummy
     if parallel:
         lay = layout or chunk_layout(cu_seqlens, B, T)
-        M, w0 = (precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, layout=lay) if scratch is None
-                 else scratch)
+        M, w0 = (precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, layout=lay, tinv_t=tt)
+                 if scratch is None else scratch)
         seg = segments.segment_tokens(k, cu_seqlens)
         if seg:
             segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg, CHAIN_WARPS)

@@ -15,7 +15,8 @@ so ``w = w0 - M (S d0)`` with ``w0 = Tinv c``, ``M = Tinv diag(c b exp(Gam))``, 
 
 * ``precompute`` (one program per group and head, all in parallel): the Gram matrix, ``L``, ``Tinv``
   (a product of four factors, L being nilpotent), and writes ``M`` (``[B*T, H, 16]`` fp32, row t =
-  row t of its group's M) and ``w0`` (``[B*T, H]``): 68 bytes per token and head.
+  row t of its group's M) and ``w0`` (``[B*T, H]``): 68 bytes per token and head (and ``Tinv^T``, 64 more, where
+  the backward needs it).
 * one group from ``d0`` is ``p = S d0`` (16 independent K-reductions at once), ``w = w0 - M p`` and
   ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``: three short dependent steps
   for 16 tokens, where the token loop makes 16 dependent K-reductions. The chain keeps every ``w``;
@@ -34,15 +35,15 @@ state at the group's end, ``f_t = dk_tilde_t * k_t`` and ``sigma_t = <g_{t+1}, s
     (I + L^T) sigma = exp(Gam_end - Gam_{t+1}) * (S g_e) + Phi,
     Phi_t = sum_{j>t} exp(Gam_j - Gam_{t+1}) <s_t, f_j>
 
-so ``sigma = Mb (S g_e) + h0`` with ``Mb = Tinv^T diag(exp(Gam_end - Gam_{t+1}))``, ``h0 = Tinv^T Phi``,
+so ``sigma = v + h0`` with ``v = Tinv^T (e * (S g_e))``, ``e_t = exp(Gam_end - Gam_{t+1})``, ``h0 = Tinv^T Phi``,
 and ``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j b_j sigma_j s_j``. With
-``a_t = c_t b_t exp(Gam_t)`` that is ``g_start = exp(Gam_end) g_e + fsum - S^T (Mbc (S g_e))``, where
-``Mbc = diag(a) Mb`` and ``fsum = sum_j exp(Gam_j) f_j - sum_j a_j h0_j s_j`` do not depend on ``g_e``: the
-backward precompute writes ``Mb``, ``h0``, ``Mbc`` and ``fsum`` for the chain, so the chain's step is three
-short dependent reductions with no per-token coefficients to form; off its serial path the chain also forms
-``sigma`` and keeps it. Without retention ``Phi_t = <s_t, sum_{j>t} f_j>``, a reverse cumulative sum (exact fp32,
-no product). ``group_adjoint`` forms every ``g_{t+1}`` of the group from ``sigma`` (again a cumulative sum) and the
-token gradients.
+``a_t = c_t b_t exp(Gam_t)`` that is ``g_start = exp(Gam_end) g_e + fsum - S^T (a * v)``, where
+``fsum = sum_j exp(Gam_j) f_j - sum_j a_j h0_j s_j`` does not depend on ``g_e``. ``Tinv`` does not depend on
+the gradients either: the forward's precompute keeps ``Tinv^T`` for the backward (``STORE_TT``), whose
+precompute then only forms ``a``, ``h0`` and ``fsum`` (no Gram matrix, no inverse); the chain's step is three
+short dependent reductions, and off its serial path the chain also forms ``sigma`` and keeps it. Without
+retention ``Phi_t = <s_t, sum_{j>t} f_j>``, a reverse cumulative sum (exact fp32, no product). ``group_adjoint``
+forms every ``g_{t+1}`` of the group from ``sigma`` (again a cumulative sum) and the token gradients.
 """
 from __future__ import annotations
 
@@ -115,16 +116,16 @@ def precompute_precision(k: Tensor) -> str:
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
-def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, mb_ptr, mbc_ptr, h0_ptr,
+def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, tt_ptr, a_ptr, h0_ptr,
                        fs_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr, VARLEN: tl.constexpr,
-                       BETA_AWARE: tl.constexpr, FWD: tl.constexpr, ADJOINT: tl.constexpr, C: tl.constexpr,
-                       G: tl.constexpr, LOG2G: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    """Grid (chunks * C/G, B*H), one program per group: with ``FWD`` writes the group's ``M`` rows and ``w0``,
-    with ``ADJOINT`` its ``Mb`` and ``Mbc`` rows, ``h0`` and ``fsum`` (``[BK]`` fp32 at row
-    ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
+                       BETA_AWARE: tl.constexpr, FWD: tl.constexpr, STORE_TT: tl.constexpr, ADJOINT: tl.constexpr,
+                       C: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    """Grid (chunks * C/G, B*H), one program per group. ``FWD``: forms ``Tinv`` and writes the group's ``M`` rows
+    and ``w0`` (with ``STORE_TT`` also ``Tinv^T``'s rows to ``tt``). ``ADJOINT`` (reads ``Tinv^T`` from ``tt``;
+    with ``FWD`` only together with ``STORE_TT``): writes ``a``, ``h0`` and ``fsum`` (``[BK]`` fp32 at row ``(C/G * chunk_slot + group) * H + h`` of
+    ``fs``; the module docstring)."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     ci = tl.arange(0, G)
-    lower = ci[:, None] > ci[None, :]
     rows = start + gi * G + ci
     mrow = (gi * G + ci) < n
     kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
@@ -132,14 +133,19 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
     c = tl.where(mrow, c, 0.0)
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    gram = tl.dot(s, tl.trans(s), input_precision=PREC)
-    L = tl.where(lower, (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
-    Tinv = unit_lower_inverse(L, G, LOG2G, PREC)
     rg = (rows[:, None] * H + h) * G + ci[None, :]
     if FWD:
+        gram = tl.dot(s, tl.trans(s), input_precision=PREC)
+        L = tl.where(ci[:, None] > ci[None, :],
+                     (c * bb)[:, None] * tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)) * gram, 0.0)
+        Tinv = unit_lower_inverse(L, G, LOG2G, PREC)
         tl.store(m_ptr + rg, Tinv * (c * bb * tl.exp(lg))[None, :], mask=mrow[:, None])
         tl.store(w0_ptr + rows * H + h, tl.sum(Tinv * c[None, :], 1), mask=mrow)
-    if ADJOINT:
+        if STORE_TT:
+            tl.store(tt_ptr + rg, tl.trans(Tinv), mask=mrow[:, None])
+    if ADJOINT:     # Tinv^T read back also where it was just formed: the same sums as from saved residuals
+        tl.debug_barrier()
+        TT = tl.load(tt_ptr + rg, mask=mrow[:, None], other=0.0)
         f = load_keys(dkt_ptr, rows, mrow, h, H, K, BK) * kv
         # phi feeds sigma, and dbeta is proportional to sigma: kept at ~fp32
         if HAS_R:       # F[t, j] = <s_t, f_j>, weighted
@@ -148,12 +154,9 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
             phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
         else:           # phi_t = <s_t, sum_{j>t} f_j>: a reverse cumsum, exact fp32 and no product
             phi = tl.sum(s * (tl.cumsum(f, 0, reverse=True) - f), 1)
-        lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
-        Mb = tl.trans(Tinv) * tl.exp(lg_end - lgi)[None, :]
         a = c * bb * tl.exp(lg)
-        tl.store(mb_ptr + rg, Mb, mask=mrow[:, None])
-        tl.store(mbc_ptr + rg, a[:, None] * Mb, mask=mrow[:, None])
-        h0 = tl.sum(Tinv * phi[:, None], 0)
+        tl.store(a_ptr + rows * H + h, a, mask=mrow)
+        h0 = tl.sum(TT * phi[None, :], 1)
         tl.store(h0_ptr + rows * H + h, h0, mask=mrow)
         offs = tl.arange(0, BK)
         tl.store(fs_ptr + (((C // G) * row + gi) * H + h) * BK + offs,
@@ -162,36 +165,43 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
 
 def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens: Optional[Tensor], eta: float,
                eps: float, beta_aware: bool, dk_tilde: Optional[Tensor] = None,
-               layout: Optional[ChunkLayout] = None, forward_terms: bool = True) -> tuple[Tensor, ...]:
-    """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts);
-    with ``dk_tilde`` also the adjoint's ``(Mb, Mbc [B*T, H, GROUP], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``.
-    ``forward_terms=False`` (only with ``dk_tilde``) skips ``M`` and ``w0``: they come back as None."""
+               layout: Optional[ChunkLayout] = None, tinv_t: Optional[Tensor] = None,
+               forward_terms: bool = True) -> tuple[Tensor, ...]:
+    """``(M [B*T, H, GROUP] fp32, w0 [B*T, H] fp32)`` of every group (groups restart at chunk starts).
+
+    ``tinv_t`` (``[B*T, H, GROUP]`` fp32): with the forward terms, ``Tinv^T``'s rows are written there; without
+    (``forward_terms=False``, only with ``dk_tilde``), they are read from it and ``M``, ``w0`` come back as None.
+    With ``dk_tilde`` the result is ``(M, w0, Tinv^T, a [B*T, H], h0 [B*T, H], fsum [4 * flag_slots, H, BK])``
+    (``Tinv^T`` in a new buffer where none is given).
+    """
     B, T, H, K = k.shape
     BK = block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     adjoint = dk_tilde is not None
-    assert forward_terms or adjoint
+    assert forward_terms or (adjoint and tinv_t is not None)
     if forward_terms:
         M, w0 = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, **f32)
+        if adjoint and tinv_t is None:
+            tinv_t = torch.empty(B * T, H, GROUP, **f32)
     else:
         M = w0 = k
     if adjoint:
-        Mb, Mbc = torch.empty(B * T, H, GROUP, **f32), torch.empty(B * T, H, GROUP, **f32)
-        h0 = torch.empty(B * T, H, **f32)
+        a, h0 = torch.empty(B * T, H, **f32), torch.empty(B * T, H, **f32)
         fs = torch.empty(flag_slots(k, cu_seqlens) * (CHUNK // GROUP), H, BK, **f32)
     else:
-        Mb = Mbc = h0 = fs = k
+        a = h0 = fs = k
     lay = layout or chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H > 0:
         _precompute_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             k, beta, retention if retention is not None else k, dk_tilde if adjoint else k,
-            cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0, Mb, Mbc,
-            h0, fs, T, lay.NT, H, K, float(eta), float(eps), HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-            BETA_AWARE=bool(beta_aware), FWD=forward_terms, ADJOINT=adjoint, C=CHUNK, G=GROUP,
+            cu_seqlens if cu_seqlens is not None else k, lay.table if lay.table is not None else k, M, w0,
+            tinv_t if tinv_t is not None else k, a, h0, fs, T, lay.NT, H, K, float(eta), float(eps),
+            HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware),
+            FWD=forward_terms, STORE_TT=forward_terms and tinv_t is not None, ADJOINT=adjoint, C=CHUNK, G=GROUP,
             LOG2G=GROUP.bit_length() - 1, BK=BK, PREC=precompute_precision(k), num_warps=PRECOMPUTE_WARPS[adjoint])
     if not forward_terms:
         M = w0 = None
-    return (M, w0, Mb, Mbc, h0, fs) if adjoint else (M, w0)
+    return (M, w0, tinv_t, a, h0, fs) if adjoint else (M, w0)
 
 
 @triton.jit

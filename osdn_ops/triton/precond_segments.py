@@ -17,7 +17,8 @@ segments of ``SEG`` tokens (a multiple of 64) and:
 3. ``_segment_chain_kernel`` (one program per segment and head): the ordinary chain from the segment's
    start, writing the group checkpoints as ``precond_chain`` does.
 
-The adjoint is the same with the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))``, run
+The adjoint is the same with the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))``
+(``Mbc = diag(a) Tinv^T diag(e)``, formed per group from the forward's ``Tinv^T``), run
 backwards: the map takes ``g`` at the segment's end to ``g`` at its start. A segment with a chunk that the
 forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token
 in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it.
@@ -95,14 +96,14 @@ def segment_clean(flag_ptr, slot, j0, n, h, H, SEG: tl.constexpr, C: tl.constexp
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
-def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr, amap_ptr, bmap_ptr, alpha_ptr, T,
-                        NS, H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, ADJOINT: tl.constexpr,
+def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr, amap_ptr, bmap_ptr, alpha_ptr,
+                        T, NS, H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, ADJOINT: tl.constexpr,
                         SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
                         PREC: tl.constexpr):
     """Grid (segment rows, B*H): the segment's map to ``amap [rows, H, BK, BK]`` (Delta), ``bmap [rows, H, BK]``
-    and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: ``x`` is Mbc, ``v``
-    fsum (rows as the checkpoints), groups backwards; a segment with a flagged chunk is skipped (the carry
-    runs it serially)."""
+    and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: ``x`` is Tinv^T, ``a``
+    the precompute's ``a``, ``v`` fsum (rows as the checkpoints), groups backwards; a segment with a flagged chunk
+    is skipped (the carry runs it serially)."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
     if n > 0:
         NG: tl.constexpr = C // G
@@ -132,6 +133,9 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr,
                 r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
                 lg_end = tl.sum(lgi - lg, 0)
                 ee = tl.exp(lg_end)
+                E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
+                if ADJOINT:                                    # X = Mbc = diag(a) Tinv^T diag(E)
+                    X = tl.load(a_ptr + rows * H + h, mask=mrow, other=0.0)[:, None] * X * E[None, :]
                 # W = -X S A = -(alpha X S + X (S Delta)): only S Delta, small next to alpha S, in PREC
                 SD = tl.dot(s, delta, input_precision=PREC)
                 W = -(alpha * tl.dot(X, s, input_precision="tf32x3") + tl.dot(X, SD, input_precision="tf32x3"))
@@ -142,7 +146,6 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr,
                     fsum = tl.load(v_ptr + ((NG * slot + g_first + i) * H + h) * BK + offs)
                     b = ee * b + fsum + tl.sum(wb[:, None] * s, 0)
                 else:
-                    E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
                     sl = E[:, None] * s
                     w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
                     b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
@@ -190,7 +193,7 @@ def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
-def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, mb_ptr, mbc_ptr, hs_ptr,
+def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, first_ptr, tt_ptr, a_ptr, hs_ptr,
                                   fs_ptr,
                                   flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, amap_ptr,
                                   bmap_ptr, alpha_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
@@ -217,7 +220,7 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
             A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
             g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
         else:
-            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
                                fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
                                ckpt_ptr + (NG * slot * H + h) * BK,
                                gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos, slot,
@@ -227,7 +230,7 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
-def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, mb_ptr, mbc_ptr, hs_ptr, fs_ptr,
+def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, tt_ptr, a_ptr, hs_ptr, fs_ptr,
                             flag_ptr, dk_ptr,
                             dbeta_ptr, dr_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
                             HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, SEG: tl.constexpr,
@@ -244,14 +247,14 @@ def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, 
             g = tl.load(gend_ptr + (row * H + h) * BK + offs)
             i_lo = (start - bos) // G
             # no chunk here is flagged, so the token adjoint never runs and needs no scratch (ckpt stands in)
-            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, mb_ptr, mbc_ptr, hs_ptr,
+            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
                            fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
                            dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
                            gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,
                            i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
 
 
-def _segment_maps(k, retention, cu_seqlens, x, v, flags, seg: int, adjoint: bool):
+def _segment_maps(k, retention, cu_seqlens, x, a, v, flags, seg: int, adjoint: bool):
     """Layout, the maps of every segment (``_segment_map_kernel``), a ``[slots, H, BK]`` buffer for the state at
     each segment boundary, and the launch arguments both directions share."""
     B, T, H, K = k.shape
@@ -266,7 +269,7 @@ def _segment_maps(k, retention, cu_seqlens, x, v, flags, seg: int, adjoint: bool
     table = lay.table if lay.table is not None else k
     r = retention if retention is not None else k
     common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, BK=BK)
-    _segment_map_kernel[(lay.n_chunks, B * H)](k, r, x, v, cu, table, flags, amap, bmap, alpha, T, lay.NT, H, K,
+    _segment_map_kernel[(lay.n_chunks, B * H)](k, r, x, a, v, cu, table, flags, amap, bmap, alpha, T, lay.NT, H, K,
                                              ADJOINT=adjoint, C=CHUNK, G=GROUP, PREC=precompute_precision(k),
                                              num_warps=MAP_WARPS, **common)
     maps = (amap, bmap, alpha, bound)
@@ -277,7 +280,7 @@ def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, 
     """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt``, ``w`` and the unclamped
     ``dfin`` as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
     B, T, H, K = k.shape
-    lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, w0, k, seg, False)
+    lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, k, w0, k, seg, False)
     _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
         d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NT, H, K,
         HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
@@ -285,21 +288,21 @@ def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, 
                                                  H, K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
 
 
-def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, Mb, Mbc, hs, fs, flags, dk, dbeta, dr, dd0,
+def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoef, hs, fs, flags, dk, dbeta, dr, dd0,
                     ckpt, gck, seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
     """The adjoint chain in two levels: writes ``gck``, sigma over ``hs`` (h0), ``dd0`` and the token gradients of
-    flagged chunks as ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``Mb, Mbc, hs, fs``: the backward
-    precompute's."""
+    flagged chunks as ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``tt``: the forward's Tinv^T; ``acoef, hs,
+    fs``: the backward precompute's."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
-    lay, (amap, bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, Mbc, fs, flags, seg, True)
+    lay, (amap, bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, tt, acoef, fs, flags, seg, True)
     dr_arg = dr if retention is not None else k
     hp = (float(eta), float(d_min), float(d_max), float(eps))
     traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
     _segment_adjoint_carry_kernel[(N, H)](
-        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], Mb, Mbc, hs, fs, flags, dk, dbeta, dr_arg, dd0, ckpt,
-        gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
+        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, dd0,
+        ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
         num_warps=chain_warps, **common)
     _segment_adjoint_kernel[(lay.n_chunks, B * H)](
-        dk_tilde, k, beta, a["r"], a["cu"], a["table"], Mb, Mbc, hs, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T,
+        dk_tilde, k, beta, a["r"], a["cu"], a["table"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T,
         lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
