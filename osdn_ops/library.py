@@ -18,8 +18,8 @@ Op schemas (``gate`` names the variant: "none" delta, "scalar" gated, "channel" 
     precond_scan_backward(dk_tilde, dd_final, k, beta, d0?, retention?, cu_seqlens?, checkpoints?, flags?, *, ...)
         -> (dk, dbeta, dd0 [N,H,K], dretention (retention's shape, or [0]))
 
-``checkpoints`` (fp32: ``d`` at every 16-token group start and every token's ``w``, one flat buffer) and
-``flags`` (int32) are what the Triton forward keeps for its backward
+``checkpoints`` (fp32: ``d`` at every 16-token group start, every token's ``w`` and every group's ``Tinv^T``, one
+flat buffer) and ``flags`` (int32) are what the Triton forward keeps for its backward
 (``osdn_ops.triton.precond.saved_shapes``); the reference kernels return them empty (``[0]``) and
 ignore them. ``osdn_ops.precond_scan`` returns only ``(k_tilde, d_final)``.
     chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale)
