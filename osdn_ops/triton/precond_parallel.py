@@ -122,8 +122,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
                        C: tl.constexpr, G: tl.constexpr, LOG2G: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group. ``FWD``: forms ``Tinv`` and writes the group's ``M`` rows
     and ``w0`` (with ``STORE_TT`` also ``Tinv^T``'s rows to ``tt``). ``ADJOINT`` (reads ``Tinv^T`` from ``tt``;
-    with ``FWD`` only together with ``STORE_TT``): writes ``a``, ``h0`` and ``fsum`` (``[BK]`` fp32 at row ``(C/G * chunk_slot + group) * H + h`` of
-    ``fs``; the module docstring)."""
+    with ``FWD`` only together with ``STORE_TT``): writes ``a``, ``h0`` and ``fsum`` (``[BK]`` fp32 at row
+    ``(C/G * chunk_slot + group) * H + h`` of ``fs``; the module docstring)."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     ci = tl.arange(0, G)
     rows = start + gi * G + ci
