@@ -78,7 +78,11 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
                dr=dr if retention is not None else dummy)
     flags_v = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, BETA_AWARE=bool(beta_aware))
     lay = chunk_layout(cu_seqlens, B, T) if parallel else None
-    tt = precond_fwd.residual_views(saved[0], k, cu_seqlens)[2] if saved is not None else None
+    if saved is not None:
+        res, flags = saved
+        ckpt, w, tt = precond_fwd.residual_views(res, k, cu_seqlens)
+    else:
+        tt = None
     if parallel:
         M, w0, tt, a, h0, fs = precompute(k, beta, retention, cu_seqlens, eta, eps, beta_aware, dk_tilde, layout=lay,
                                           tinv_t=tt, forward_terms=saved is None)
@@ -88,9 +92,7 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
         _, _, flags, res = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
                                         parallel, store_kt=False, keep=not parallel,
                                         scratch=(M, w0) if parallel else None, layout=lay)
-    else:
-        res, flags = saved
-    ckpt, w, _ = precond_fwd.residual_views(res, k, cu_seqlens)
+        ckpt, w, _ = precond_fwd.residual_views(res, k, cu_seqlens)
     gck = torch.empty_like(ckpt) if parallel else dummy
     seg = segments.segment_tokens(k, cu_seqlens) if parallel else 0
     if seg:
