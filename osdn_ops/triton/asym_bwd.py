@@ -26,13 +26,13 @@ gradient of the state at its end)::
 The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
 fp32); G, W, U (formed from the kept T), the chunk-start states S and Vn are recomputed with the
 forward's stage functions, which keeps the saved activations near the inputs' size.
-Kernels: ``_dv_local`` (P^T dO, parallel), ``_dh`` (the reverse recurrence, one program per
-sequence, head and V block), ``_dqkv`` (step 2, parallel). The channel gate's E terms are matrix
-products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk (``E = e^{G_t - G_0} e^{G_0 - G_j}``, both
-factors in fp32 range, as in the forward); a second launch of ``_dqkv`` sums them channel by channel
-for the chunks of stronger decay (exact, slower, no extra buffers). No atomics: every
-reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and fp32
-inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
+Kernels: ``_dh`` (the reverse recurrence, one program per sequence, head and V block; without a gate it
+forms P^T dO itself, with one ``_dv_local`` forms it in parallel first), ``_dqkv`` (step 2, parallel).
+The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk
+(``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward); a second launch of
+``_dqkv`` sums them channel by channel for the chunks of stronger decay (exact, slower, no extra buffers).
+No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
+fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
 from __future__ import annotations
 
@@ -113,13 +113,30 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
     else:
         am = tl.load(a + off, mask=m, other=0.)
         bm = tl.load(b + off, mask=m, other=0.)
-        s = _mm(am, tl.trans(bm), PREC, HALF)
-        if GATE == 1:
-            gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
-            s = s * tl.exp(tl.where(low, gv[:, None] - gv[None, :], float("-inf")))
-        else:
-            s = tl.where(low, s, 0.)
+        s = _causal(_mm(am, tl.trans(bm), PREC, HALF), G, rows, rm, hh, H, GATE)
     return s
+
+
+@triton.jit
+def _causal(s, G, rows, rm, hh, H, GATE: tl.constexpr):
+    """No gate or the scalar gate: the [64,64] products ``s[t,j]`` of a chunk's rows kept on valid t >= j (else 0),
+    times ``e^{G_t - G_j}`` with the scalar gate."""
+    if GATE == 1:
+        return s * _scalar_decay(G, rows, rm, hh, H, False)
+    i = tl.arange(0, 64)
+    return tl.where((i[:, None] >= i[None, :]) & rm[:, None] & rm[None, :], s, 0.)
+
+
+@triton.jit
+def _scalar_decay(G, rows, rm, hh, H, STRICT: tl.constexpr):
+    """Scalar gate: ``[64, 64]`` ``e^{G_t - G_j}`` on valid ``t > j`` (STRICT) or ``t >= j``, else 0."""
+    i = tl.arange(0, 64)
+    gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    if STRICT:
+        low = i[:, None] > i[None, :]
+    else:
+        low = i[:, None] >= i[None, :]
+    return tl.exp(tl.where(low & rm[:, None] & rm[None, :], gv[:, None] - gv[None, :], float("-inf")))
 
 
 @triton.jit
@@ -147,7 +164,8 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 @triton.jit
 def _dv_local(q, kt, G, do, dvl, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
               GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
-    """dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`)."""
+    """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`). Without
+    one, ``_dh`` forms it."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
@@ -166,9 +184,12 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
         VARLEN: tl.constexpr):
     """Reverse recurrence: dh[chunk] (grad of the chunk's end state, [K,V] fp32), dvn = dVn, dh0.
 
-    HALF: the products read half-precision operands (the inputs' own q, kt, W and dO; the fp32 state
-    gradient and dVn rounded to bf16 for the product only) with fp32 accumulation, so no [64, K] fp32
-    tile is held; the recurrence itself stays in fp32."""
+    dVn = P^T dO + (Kt e^{G_L-G}) dSn: without a gate, P = scale tril(Q Kt^T) is formed here from the q and kt
+    tiles the recurrence loads anyway (off the serial path: it does not depend on dS); the gates read P^T dO from
+    ``dvl`` (``_dv_local``: formed here, the decayed scores made the scalar gate's recurrence slower than the two
+    kernels, S1 0.349 -> 0.438 ms on the H200). HALF: the products read half-precision operands (the inputs' own
+    q, kt, W and dO; P, the fp32 state gradient and dVn rounded to bf16 for the product only) with fp32
+    accumulation, so no [64, K] fp32 tile is held; the recurrence itself stays in fp32."""
     iv = tl.program_id(0)
     nh = tl.program_id(1)
     n = nh // H
@@ -207,6 +228,8 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
         ktm = tl.load(kt + offk, mask=mk, other=0.)
         qm = tl.load(q + offk, mask=mk, other=0.)
         wm = tl.load(W + offk, mask=mk, other=0.)
+        if GATE == 0:
+            P = scale * _causal(_mm(qm, tl.trans(ktm), PREC, HALF), G, rows, rm, hh, H, GATE)
         if GATE == 1:
             gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
             gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32)
@@ -224,7 +247,10 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
         mv = rm[:, None] & vm[None, :]
         offv = (rows[:, None] * H + hh) * V + ov[None, :]
         dO = tl.load(do + offv, mask=mv, other=0.)
-        dV = tl.load(dvl + offv, mask=mv, other=0.).to(tl.float32) + _mm(ktm, dS, PREC, HALF)
+        if GATE == 0:
+            dV = _mm(tl.trans(P), dO, PREC, HALF) + _mm(ktm, dS, PREC, HALF)
+        else:
+            dV = tl.load(dvl + offv, mask=mv, other=0.).to(tl.float32) + _mm(ktm, dS, PREC, HALF)
         tl.store(dvn + offv, dV.to(dvn.dtype.element_ty), mask=mv)
         dS = decay * dS + scale * _mm(tl.trans(qm), dO, PREC, HALF) - _mm(tl.trans(wm), dV, PREC, HALF)
     tl.store(dh0 + sbase + soff, dS, mask=sm)
@@ -245,18 +271,6 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
         return tl.exp(gm), tl.exp(gl[None, :] - gm), tl.exp(gl)
     else:
         return 1., 1., 1.
-
-
-@triton.jit
-def _scalar_decay(G, rows, rm, hh, H, STRICT: tl.constexpr):
-    """Scalar gate: ``[64, 64]`` ``e^{G_t - G_j}`` on valid ``t > j`` (STRICT) or ``t >= j``, else 0."""
-    i = tl.arange(0, 64)
-    gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
-    if STRICT:
-        low = i[:, None] > i[None, :]
-    else:
-        low = i[:, None] >= i[None, :]
-    return tl.exp(tl.where(low & rm[:, None] & rm[None, :], gv[:, None] - gv[None, :], float("-inf")))
 
 
 @triton.jit
@@ -282,15 +296,36 @@ def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
 
 
 @triton.jit
+def _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK: tl.constexpr):
+    """The chunk's WY inverse T [64, 64] and beta [64] (fp32), and zeroed sums of ``_wy_v_block``'s terms."""
+    Ti = tl.load(Ainv + offa, mask=valid, other=0.).to(tl.float32)
+    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
+    return Ti, bt, tl.zeros([64, BK], tl.float32), tl.zeros([64, 64], tl.float32), tl.zeros([64], tl.float32)
+
+
+@triton.jit
+def _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC: tl.constexpr, HALF: tl.constexpr):
+    """The WY terms of one V block (``offv``, ``mv``: its [64, BV] offsets and mask; ``hs``: its [BK, BV] state
+    tile): stores dv = beta T^T dVn and returns the block's parts of ``dVn S^T`` [64, BK], ``dVn (beta V)^T``
+    [64, 64] and ``rowsum(V * T^T dVn)`` [64]."""
+    dV = tl.load(dvn + offv, mask=mv, other=0.)
+    vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
+    dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
+    tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
+    return _mm(dV, tl.trans(hs), PREC, HALF), _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF), tl.sum(vv * dBV, 1)
+
+
+@triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg,
           table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
           PREC: tl.constexpr, HALF: tl.constexpr, FAR: tl.constexpr, VARLEN: tl.constexpr):
-    """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg), in two passes over V that keep few
-    ``[64, K]`` tiles alive: (1) the state and score terms (dq final, dkt's first part), (2) the WY
-    terms (dv, dk, the rest of dkt, dbeta, dg). Channel gate: launched twice; ``FAR = False`` takes
-    the near chunks (:func:`_channel_factors`: the decayed score terms are products of scaled tiles),
-    ``FAR = True`` the others (channel by channel, :func:`_channel_far`), so the common near case
-    compiles without the per-channel loops."""
+    """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg) from (1) the state and score terms (dq final, dkt's
+    first part) and (2) the WY terms (dv, dk, the rest of dkt, dbeta, dg). Without a gate one pass over V blocks
+    forms both (the state tile read once); with one, two passes keep fewer ``[64, K]`` tiles alive (on the H200,
+    S1 ms: one pass 0.624 -> 0.561 without a gate, but 0.925 -> 1.097 with the scalar gate). Channel gate:
+    launched twice; ``FAR = False`` takes the near chunks (:func:`_channel_factors`: the decayed score terms are
+    products of scaled tiles), ``FAR = True`` the others (channel by channel, :func:`_channel_far`), so the common
+    near case compiles without the per-channel loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
@@ -306,7 +341,9 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     valid = rm[:, None] & rm[None, :]
     mk = rm[:, None] & km[None, :]
     offk = (rows[:, None] * H + hh) * K + ak[None, :]
-    # pass 1: dO S^T, Vn dSn^T, dP = dO Vn^T
+    if GATE == 0:
+        Ti, bt, dw_i, dTu, db = _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK)
+    # pass 1: dO S^T, Vn dSn^T, dP = dO Vn^T (and without a gate the WY terms of pass 2)
     dq_i = tl.zeros([64, BK], tl.float32)
     dkt_s = tl.zeros([64, BK], tl.float32)
     lastv = tl.zeros([BK], tl.float32)
@@ -323,6 +360,11 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         dkt_s += _mm(Vn, tl.trans(dSn), PREC, HALF)
         lastv += tl.sum(hs.to(tl.float32) * dSn.to(tl.float32), 1)
         dPm += _mm(dO, tl.trans(Vn), PREC, HALF)
+        if GATE == 0:
+            dw_b, dTu_b, db_b = _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC, HALF)
+            dw_i += dw_b
+            dTu += dTu_b
+            db += db_b
     qm = tl.load(q + offk, mask=mk, other=0.).to(tl.float32)
     ktm = tl.load(kt + offk, mask=mk, other=0.).to(tl.float32)
     eg, ed, el = _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK, GATE)
@@ -348,22 +390,15 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     dG = qm * dqm - ktm * dktm                       # dG = q dq + k dk - kt dkt, first part
     if GATE == 1:
         dG = tl.sum(dG, 1)                           # the scalar gate's dG is per token
-    # pass 2: the WY representation, dW = -dVn S^T, dU = dVn
-    Ti = tl.load(Ainv + offa, mask=valid, other=0.).to(tl.float32)
-    bt = tl.load(beta + rows * H + hh, mask=rm, other=0.).to(tl.float32)
-    dw_i = tl.zeros([64, BK], tl.float32)
-    dTu = tl.zeros([64, 64], tl.float32)
-    db = tl.zeros([64], tl.float32)
-    for v0 in range(0, V, BV):
-        ov, vm, mv, offv = _v_block(v0, rows, rm, hh, H, V, BV)
-        dV = tl.load(dvn + offv, mask=mv, other=0.)
-        vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
-        hs = tl.load(h + sbase + ak[:, None] * V + ov[None, :], mask=km[:, None] & vm[None, :], other=0.)
-        dw_i += _mm(dV, tl.trans(hs), PREC, HALF)
-        dTu += _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF)
-        dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
-        tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
-        db += tl.sum(vv * dBV, 1)
+    if GATE > 0:  # pass 2: the WY representation, dW = -dVn S^T, dU = dVn
+        Ti, bt, dw_i, dTu, db = _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK)
+        for v0 in range(0, V, BV):
+            ov, vm, mv, offv = _v_block(v0, rows, rm, hh, H, V, BV)
+            hs = tl.load(h + sbase + ak[:, None] * V + ov[None, :], mask=km[:, None] & vm[None, :], other=0.)
+            dw_b, dTu_b, db_b = _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC, HALF)
+            dw_i += dw_b
+            dTu += dTu_b
+            db += db_b
     km_ = tl.load(k + offk, mask=mk, other=0.).to(tl.float32)
     eg, ed, el = _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK, GATE)
     dW = -dw_i
@@ -437,9 +472,11 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     Gp = beta if G is None else G                 # never read when GATE == 0
 
     f32 = dict(dtype=torch.float32, device=dev)
-    dvl = torch.empty(B, T, H, V, **work)
-    _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)), GATE,
-                      PREC, HALF, VARLEN, num_warps=4)
+    dvl = do                                      # never read without a gate (_dh forms P^T dO)
+    if GATE > 0:
+        dvl = torch.empty(B, T, H, V, **work)
+        _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)),
+                          GATE, PREC, HALF, VARLEN, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
