@@ -1,6 +1,7 @@
 """Launch settings of the asym engine's Triton kernels, timed on a GPU (the constants in the code come from these).
 
     PYTHONPATH=. python benchmarks/launch_sweep.py --shapes S2 --gates none,scalar,channel --parts fwd,bwd
+    PYTHONPATH=. python benchmarks/launch_sweep.py --shapes S2 --gates none --parts fwd --fwd-stages states
 
 ``fwd``: each forward stage alone (``WY_CONFIG``, ``STATES_CONFIG``, ``OUTPUT_CONFIG``) over block width,
 warps and stages. ``bwd``: the whole backward (``chunk_asym_bwd``) over the reverse recurrence's warps,
@@ -45,9 +46,9 @@ def report(shape, gate, stage, shipped, results):
     print(f"{shape} {gate:8s} {stage:7s} shipped {mine:.4f} {shipped} | best: {best}", flush=True)
 
 
-def sweep_fwd(shape, gate, p, kt, g, scale):
+def sweep_fwd(shape, gate, p, kt, g, scale, only=tuple(FWD)):
     fns = stages(p.q, p.k, kt, p.v, g, p.beta, gate, scale)
-    for stage, (cfg, grid) in FWD.items():
+    for stage, (cfg, grid) in ((st, FWD[st]) for st in only):
         shipped = dict(cfg)
         results = []
         for values in itertools.product(*grid.values()):
@@ -94,11 +95,12 @@ def main():
     ap.add_argument("--shapes", default="S2")
     ap.add_argument("--gates", default="none,scalar,channel")
     ap.add_argument("--parts", default="fwd,bwd")
+    ap.add_argument("--fwd-stages", default=",".join(FWD), help="forward stages to sweep (default: all)")
     args = ap.parse_args()
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}", flush=True)
     for shape, gate, p, kt, g, scale in cases(args.shapes, args.gates):
         if "fwd" in args.parts:
-            sweep_fwd(shape, gate, p, kt, g, scale)
+            sweep_fwd(shape, gate, p, kt, g, scale, args.fwd_stages.split(","))
         if "bwd" in args.parts:
             sweep_bwd(shape, gate, p, kt, g, scale)
 
