@@ -46,6 +46,7 @@ from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
 from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
+from .host_math import cdiv
 
 
 #: launch of the reverse recurrence ``_dh``: warps, stages, V block (halved where few programs: ``fill_block_v``).
@@ -483,7 +484,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200)
     stages = DH_STAGES if HALF and BK <= 128 else 1
     BVH = fill_block_v(K, V, N * H, DH_BV, dev)
-    _dh[(triton.cdiv(V, BVH), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H, K,
+    _dh[(cdiv(V, BVH), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H, K,
                                       V, BK, BVH, GATE, PREC, HALF, VARLEN, num_warps=DH_WARPS, num_stages=stages)
     del dvl
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .host_math import cdiv, next_pow2
 from .varlen import chunk_table, max_chunks
 
 CHUNK = 64
@@ -52,7 +53,7 @@ class ChunkLayout:
 def chunk_layout(cu_seqlens: Optional[Tensor], B: int, T: int, C: int = CHUNK) -> ChunkLayout:
     """Grid of chunks of ``C`` tokens (64 unless given) over ``B`` rows of ``T`` tokens, or over packed
     sequences; no host sync."""
-    NT = triton.cdiv(T, C)
+    NT = cdiv(T, C)
     if cu_seqlens is None:
         return ChunkLayout(NT, NT, B, None, None, None)
     cu = cu_seqlens
@@ -69,7 +70,7 @@ def block(d: int) -> int:
     ``Ainv @ (beta V)`` with a 16- or 32-column ``V`` tile read shared memory out of bounds
     (compute-sanitizer memcheck; an illegal memory access without it). 64-wide tiles are the
     shape every benchmark runs; the extra columns are masked."""
-    return max(64, triton.next_power_of_2(d))
+    return max(64, next_pow2(d))
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,7 +86,7 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, device: torch.device) -> int:
     128 programs of 32-wide ones; S1's 256 programs were faster 64-wide (benchmarks/RESULTS.md). Only for
     K <= 128: with 256-wide K tiles, ``_dh`` with 32-wide V blocks read shared memory out of bounds in bf16
     (compute-sanitizer memcheck, H200, Triton 3.6)."""
-    while K <= 128 and bv > 32 and V > bv // 2 and NH * triton.cdiv(V, bv) < _sm_count(torch.device(device)):
+    while K <= 128 and bv > 32 and V > bv // 2 and NH * cdiv(V, bv) < _sm_count(torch.device(device)):
         bv //= 2
     return bv
 

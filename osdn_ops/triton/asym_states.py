@@ -18,6 +18,7 @@ from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, fill_block_v, load_tile, mma,
                           operand_type, store_tile)
+from .host_math import cdiv
 
 
 @triton.jit
@@ -104,7 +105,7 @@ def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], ini
         return h, v_new, final
     cfg = STATES_CONFIG
     BV = fill_block_v(K, V, N * H, min(block(V), cfg["block_v"]), W.device)
-    _states_kernel[(triton.cdiv(V, BV), N * H)](
+    _states_kernel[(cdiv(V, BV), N * H)](
         k_tilde, W, U, k_tilde if G is None else G, h, v_new, initial_state, final, lay.cu, lay.first, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
         HAS_H0=initial_state is not None, PUBLIC_KV=gate == "channel", OP=operand_type(W.dtype),

@@ -33,6 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import _sm_count, chunk_layout, chunk_span
+from .host_math import cdiv, next_pow2
 from .precond_chain import adjoint_groups, chain_groups
 from .precond_parallel import group_logs, load_keys, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
@@ -57,7 +58,7 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     sms = _sm_count(k.device)
     if N * H == 0 or N * H > sms // 8 or K > 128:       # a [256, 256] fp32 map would not fit in registers
         return 0
-    seg = max(256, triton.next_power_of_2(triton.cdiv(B * T * H, 2 * sms)))
+    seg = max(256, next_pow2(cdiv(B * T * H, 2 * sms)))
     return seg if B * T // N >= 8 * seg else 0
 
 

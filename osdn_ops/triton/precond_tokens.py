@@ -22,6 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .host_math import cdiv, next_pow2
+
 CHUNK = 64          # tokens per chunk (fallback flags, the chunk-parallel form)
 GROUP = 16          # tokens per checkpoint and per serial step of the chunk-parallel form
 
@@ -244,7 +246,7 @@ def chunk_slot(pid_c, i_b, start, cu_ptr, table_ptr, T, C: tl.constexpr, VARLEN:
 
 def block_k(K: int) -> int:
     """Padded feature block (a power of two, at least 16 for tl.dot)."""
-    return max(16, triton.next_power_of_2(K))
+    return max(16, next_pow2(K))
 
 
 def sequences(k, cu_seqlens) -> int:
@@ -255,4 +257,4 @@ def flag_slots(k, cu_seqlens) -> int:
     """Rows of the per-chunk scratch (fallback flags; checkpoints have GROUP-token rows, four per chunk
     row): ``bos // C + n + j`` is unique for chunk j of sequence n (its groups: rows ``4 * that + i``)."""
     B, T = k.shape[:2]
-    return triton.cdiv(B * T, CHUNK) + sequences(k, cu_seqlens) + 1
+    return cdiv(B * T, CHUNK) + sequences(k, cu_seqlens) + 1

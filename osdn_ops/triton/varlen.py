@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .host_math import cdiv
+
 
 def max_chunks(T: int, N: int, C: int) -> int:
     """Upper bound on the chunks of N packed sequences of total length T (chunk length C)."""
-    return -(-T // C) + N
+    return cdiv(T, C) + N
 
 
 def chunk_table(cu_seqlens: Tensor, T: int, C: int) -> Tensor:
