@@ -24,9 +24,9 @@ from asym_stages import cases, stages  # noqa: E402  (this script's folder is on
 
 FWD = {
     "wy": (asym_wy.WY_CONFIG, dict(block_out=(64, 128), num_warps=(4, 8), num_stages=(1, 2))),
-    # 2 warps and 4 stages too: on S2 (few programs) fla's state kernel tunes itself to 4 warps, 4 stages and runs
-    # 0.067 ms a launch against this one's 0.117 (benchmarks/RESULTS.md, 13:27)
-    "states": (asym_states.STATES_CONFIG, dict(block_v=(32, 64), num_warps=(2, 4, 8), num_stages=(2, 3, 4))),
+    # num_stages applies where an SM runs more than one program (S1, S4), deep_stages where it runs one (S2, S3)
+    "states": (asym_states.STATES_CONFIG, dict(block_v=(32, 64), num_warps=(4, 8), num_stages=(2, 3, 4),
+                                               deep_stages=(2, 3, 4))),
     "output": (asym_output.OUTPUT_CONFIG, dict(block_v=(64, 128), num_warps=(4, 8), num_stages=(1, 2, 3))),
 }
 #: (DH_WARPS, DH_STAGES, DH_BV, DQKV_WARPS, DQKV_STAGES) tried for the backward (``_dh`` at 4 warps left out: wrong

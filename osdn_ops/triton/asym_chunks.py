@@ -78,6 +78,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+def one_wave(programs: int, device: torch.device) -> bool:
+    """Whether a grid of ``programs`` runs at most one program per SM (False off CUDA)."""
+    return programs <= _sm_count(torch.device(device))
+
+
 def fill_block_v(K: int, V: int, NH: int, bv: int, device: torch.device) -> int:
     """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
     two, at most ``block(V)``), halved down to 32 while its ``NH * cdiv(V, bv)`` programs leave SMs idle.

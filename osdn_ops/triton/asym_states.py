@@ -17,7 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, fill_block_v, load_tile, mma,
-                          operand_type, store_tile)
+                          one_wave, operand_type, store_tile)
 from .host_math import cdiv
 
 
@@ -75,9 +75,15 @@ def _states_kernel(kt, W, U, G, h, vnew, h0, ht, cu, first, T, NT, H, K: tl.cons
     tl.store(ht + sbase + soff, S, mask=smask)
 
 
-#: launch settings of the state kernel: V block (halved where few programs: ``fill_block_v``), warps, stages (best of a
-#: sweep on S1, H200)
-STATES_CONFIG = dict(block_v=64, num_warps=4, num_stages=2)
+#: launch settings of the state kernel: V block (halved where few programs: ``fill_block_v``), warps, and the depth of
+#: the software pipeline that loads the next chunks' tiles while the serial products run: ``num_stages`` where an SM
+#: runs more than one program (the other program hides the loads), ``deep_stages`` where it runs at most one
+#: (``one_wave``). H200, bf16, K = V = 128, ms a launch at 2 / 3 / 4 stages (benchmarks/RESULTS.md): S2 (128
+#: programs) none 0.118 / - / 0.069, scalar 0.136 / 0.112 / 0.112, channel 0.188 / 0.156 / -; S1 (256 programs)
+#: none 0.117 / - / 0.115, scalar 0.128 / 0.166 / 0.157, channel 0.164 / 0.258 / -. The deep pipeline applies to
+#: 16-bit tiles at most 128 wide, and to the channel gate at 3 stages: beyond that it needs more than a Hopper
+#: block's 227 KiB of shared memory (benchmarks/compile_sm90.py).
+STATES_CONFIG = dict(block_v=64, num_warps=4, num_stages=2, deep_stages=4)
 
 
 def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], initial_state: Optional[Tensor],
@@ -105,9 +111,12 @@ def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], ini
         return h, v_new, final
     cfg = STATES_CONFIG
     BV = fill_block_v(K, V, N * H, min(block(V), cfg["block_v"]), W.device)
+    stages = cfg["num_stages"]
+    if W.element_size() == 2 and block(K) <= 128 and one_wave(N * H * cdiv(V, BV), W.device):
+        stages = min(cfg["deep_stages"], 3) if gate == "channel" else cfg["deep_stages"]
     _states_kernel[(cdiv(V, BV), N * H)](
         k_tilde, W, U, k_tilde if G is None else G, h, v_new, initial_state, final, lay.cu, lay.first, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
         HAS_H0=initial_state is not None, PUBLIC_KV=gate == "channel", OP=operand_type(W.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        num_warps=cfg["num_warps"], num_stages=stages)
     return h, v_new, final
