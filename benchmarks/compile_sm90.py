@@ -94,7 +94,7 @@ def _ops(ot, largest):
     from tests.inputs import asym_call, asym_problem, precond_problem
     fns = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
     cases = ([((256, 256), torch.bfloat16)] if largest else
-             [(kv, dtype) for kv in ((128, 128), (64, 16), (256, 256), (48, 96))
+             [(kv, dtype) for kv in ((128, 128), (64, 16), (256, 256), (48, 96), (128, 256))
               for dtype in (torch.bfloat16, torch.float16, torch.float32)])
     for (K, V), dtype in cases:
         for gate, fn in fns.items():

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 import osdn_ops.triton as ot
 from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
+from osdn_ops.reference import asym as reference
 from osdn_ops.triton import asym_chunks
 from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
@@ -141,6 +142,24 @@ def test_backward_from_kept_inverse(gate):
 
 
 @pytest.mark.parametrize("gate", GATES)
+def test_wide_fp32_keys_run_the_reference(gate):
+    """fp32 inputs with K above 128 run the PyTorch reference, forward and backward (their 256-wide fp32 tiles do not
+    fit in a Hopper block's shared memory): the outputs and gradients are the reference's, bitwise, and no WY inverse
+    is kept. Half-precision inputs of the same width keep the Triton kernels."""
+    x = _problem(gate, 70, K=160, V=16, seed=13)
+    args = [None if x[n] is None else x[n].detach() for n in NAMES] + [None, 0.37, gate]
+    o, final, inverse = chunk_asym_fwd(*args, save=True)
+    assert inverse.numel() == 0 and saved_shape(x["q"], x["v"]) == (0,)
+    want = reference.chunk_asym_fwd(*args)
+    assert torch.equal(o, want[0]) and torch.equal(final, want[1])
+    gen = torch.Generator().manual_seed(14)
+    do, dht = torch.randn(o.shape, generator=gen).to(DEV), torch.randn(final.shape, generator=gen).to(DEV)
+    for name, a, b in zip(NAMES, chunk_asym_bwd(do, dht, *args), reference.chunk_asym_bwd(do, dht, *args)):
+        assert torch.equal(a, b), f"d{name}"
+    assert saved_shape(x["q"].bfloat16(), x["v"].bfloat16()) == (2, 70, 2, 64)
+
+
+@pytest.mark.parametrize("gate", GATES)
 def test_narrow_recurrence_blocks(gate, monkeypatch):
     """Where few (sequence, head) pairs would leave SMs idle, the state recurrences run 32-wide V blocks
     (``fill_block_v``): forced here by a GPU of many SMs, every gradient still matches the oracle."""
@@ -188,6 +207,19 @@ def test_gpu_varlen(gate):
 def test_gpu_strong_decay(gate, dtype):
     x = _strong_decay(_gpu(gate, 2, 700, 2, 64, 64, dtype=dtype, seed=6), gate)
     _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("dtype, K, V", [(torch.float32, 256, 256), (torch.float32, 128, 256),
+                                         (torch.bfloat16, 128, 128)])
+@pytest.mark.parametrize("B, H", [(1, 2), (4, 40)])
+def test_gpu_launch_settings(gate, dtype, K, V, B, H):
+    """Where launch settings depend on the tiles and the grid: fp32 with 256-wide keys (the reference: the kernels
+    asked for more shared memory than the H200 has), fp32 with the widest keys the kernels take, 16-bit 128-wide
+    tiles (the state kernel's deep pipeline where a grid fills at most one wave of SMs: 2 heads; its shallow one
+    where it fills more: 160 sequence-heads)."""
+    _check(gate, _gpu(gate, B, 130, H, K, V, dtype=dtype, seed=8), fn=asym_chunked, tol=_tol(dtype))
 
 
 @cuda

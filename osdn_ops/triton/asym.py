@@ -1,8 +1,8 @@
 """Triton entry points of the asymmetric delta ops: ``chunk_asym_fwd`` and ``chunk_asym_bwd``.
 
 Same contract as :func:`osdn_ops.reference.asym.chunk_asym_fwd` / ``chunk_asym_bwd``. The
-forward composes the stages of :mod:`osdn_ops.triton.asym_fwd`; fp64 inputs and K or V above
-256 run the reference kernel.
+forward composes the stages of :mod:`osdn_ops.triton.asym_fwd`; fp64 inputs, K or V above 256
+and fp32 inputs with K above 128 run the reference kernel (``asym_chunks.reference_only``).
 """
 from __future__ import annotations
 
@@ -10,15 +10,14 @@ import torch
 
 from ..reference import asym as reference
 from .asym_bwd import chunk_asym_bwd
+from .asym_chunks import reference_only
 from .asym_fwd import CHUNK, chunk_layout, chunk_output, chunk_states, gate_cumsum, wy_repr
-
-MAX_DIM = 256
 
 __all__ = ["chunk_asym_bwd", "chunk_asym_fwd", "saved_shape"]
 
 
 def _reference_only(q, v) -> bool:
-    return v.dtype == torch.float64 or q.shape[-1] > MAX_DIM or v.shape[-1] > MAX_DIM
+    return reference_only(q.dtype, q.shape[-1], v.shape[-1])
 
 
 def saved_shape(q, v) -> tuple[int, ...]:
@@ -31,7 +30,7 @@ def chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, 
     """``(o [B,T,H,V] in v.dtype, final_state fp32 in the public layout)``.
 
     ``save=True`` appends what the backward can reuse: the WY inverse ``Ainv [B,T,H,64]`` fp32
-    (:func:`wy_repr`), or an empty tensor where the reference ran (fp64, K or V above 256). It is
+    (:func:`wy_repr`), or an empty tensor where the reference ran (``reference_only``). It is
     the one forward intermediate kept: a quarter of the bytes of ``W``, ``U`` and the chunk states,
     and it spares the backward the scores and the inversion (the WY stage's costly part).
     """

@@ -44,7 +44,8 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision
+from .asym_chunks import (GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
+                          reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
 from .host_math import cdiv
 
@@ -442,7 +443,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     WY inverse kept by ``chunk_asym_fwd(..., save=True)`` (None or empty: recomputed)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if q.dtype == torch.float64 or K > 256 or V > 256 or (q.dtype == torch.float32 and K > 128):
+    if reference_only(q.dtype, K, V):
         return ref.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
     dev = q.device
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

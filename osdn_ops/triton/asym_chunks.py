@@ -78,6 +78,21 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+#: largest K and V of the Triton kernels
+MAX_DIM = 256
+#: largest K of the Triton kernels for fp32 inputs: their 256-wide fp32 tiles need more shared memory than a Hopper
+#: block has (H200: the forward's WY, state and output kernels asked for 256-304 KiB, 227 KiB available)
+MAX_DIM_FP32 = 128
+
+
+def reference_only(dtype: torch.dtype, K: int, V: int) -> bool:
+    """Whether inputs of ``dtype`` with key width K and value width V run the PyTorch reference instead of the
+    Triton kernels (forward and backward alike): fp64, K or V above ``MAX_DIM``, fp32 with K above
+    ``MAX_DIM_FP32``."""
+    return (dtype == torch.float64 or K > MAX_DIM or V > MAX_DIM
+            or (dtype == torch.float32 and K > MAX_DIM_FP32))
+
+
 def one_wave(programs: int, device: torch.device) -> bool:
     """Whether a grid of ``programs`` runs at most one program per SM (False off CUDA)."""
     return programs <= _sm_count(torch.device(device))

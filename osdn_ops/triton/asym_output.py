@@ -92,8 +92,6 @@ def chunk_output(q: Tensor, k_tilde: Tensor, v_new: Tensor, h: Tensor, G: Option
         return o
     cfg = OUTPUT_CONFIG
     BV = min(block(V), cfg["block_v"])
-    if q.dtype == torch.float32 and block(K) > 128:  # fp32 [64, 256] operand tiles: 256 KiB of shared memory at BV 128
-        BV = min(BV, 64)
     _output_kernel[(cdiv(V, BV), lay.n_chunks, B * H)](
         q, k_tilde, v_new, h, q if G is None else G, o, lay.cu, lay.table, T, lay.NT, scale,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
