@@ -4,7 +4,8 @@
 
 A child process runs the ops under the Triton interpreter with kernel execution switched off
 and records each launch (kernel, argument types, constexprs, warps, stages) as the GPU path
-would make it (half-precision operand types included); this process then compiles every
+would make it (half-precision operand types included; twice, for grids larger than the GPU and as on a 132-SM H200,
+where the launch settings that depend on the SM count differ); this process then compiles every
 distinct one with Triton's own toolchain for ``GPUTarget("cuda", 90, 32)`` and prints its
 shared memory, registers per thread, spilled bytes (``ptxas -v``) and its asynchronous copies (``cp.async``: the
 loads a software-pipelined loop issues ahead; zero where Triton did not pipeline).
