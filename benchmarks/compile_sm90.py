@@ -79,7 +79,8 @@ def record(workload):
 
 def workload(largest=False):
     """Every op forward and backward, per (K, V), dtype, gate and layout (precond_scan also as the benchmarks call
-    it: dense, without d0 and retention, the backward from the forward's residuals); ``largest``: only the biggest
+    it: dense, without d0 and retention, the backward from the forward's residuals, and on one 2048-token sequence,
+    which runs its two-level chains where the SM count allows); ``largest``: only the biggest
     half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first."""
     import osdn_ops.triton as ot
     from osdn_ops.triton import asym_chunks
@@ -113,6 +114,10 @@ def _ops(ot, largest):
         if not largest:     # as the benchmarks call it: dense, no d0 or retention, the backward from the residuals
             p = precond_problem(B=2, T=130, H=2, K=K, dtype=dtype, d0=False, retention=False, requires_grad=True)
             kt, d = ot.precond_scan(p["k"], p["beta"])
+            torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
+            # one long sequence: the two-level chains (precond_segments) where the SM count allows them
+            p = precond_problem(B=1, T=2048, H=1, K=K, dtype=dtype, requires_grad=True)
+            kt, d = ot.precond_scan(p["k"], p["beta"], d0=p["d0"], retention=p["retention"])
             torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
 
 

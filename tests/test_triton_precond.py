@@ -13,6 +13,7 @@ import triton.language as tl
 
 import osdn_ops.triton as ot
 from osdn_ops.reference import precond_scan_recurrent
+from osdn_ops.triton import asym_chunks
 from osdn_ops.triton import precond as tp
 from osdn_ops.triton import precond_segments as segments
 from osdn_ops.triton.precond_fwd import forward_pass, residual_views
@@ -265,7 +266,7 @@ def test_two_level_chains(case, monkeypatch):
 
 def test_two_level_choice(monkeypatch):
     """Two levels only where there are few (sequence, head) chains for the SMs and sequences are long."""
-    monkeypatch.setattr(segments, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 132)
     k = lambda B, T, H: torch.empty(B, T, H, 128, device="meta")
     assert segments.segment_tokens(k(1, 32768, 8), None) == 1024       # S3
     assert segments.segment_tokens(k(2, 16384, 8), None) == 1024

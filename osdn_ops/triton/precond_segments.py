@@ -32,7 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import _sm_count, chunk_layout, chunk_span
+from . import asym_chunks
+from .asym_chunks import chunk_layout, chunk_span
 from .host_math import cdiv, next_pow2
 from .precond_chain import adjoint_groups, chain_groups
 from .precond_parallel import group_logs, load_keys, precompute_precision
@@ -55,7 +56,7 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     level."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
-    sms = _sm_count(k.device)
+    sms = asym_chunks._sm_count(k.device)
     if N * H == 0 or N * H > sms // 8 or K > 128:       # a [256, 256] fp32 map would not fit in registers
         return 0
     seg = max(256, next_pow2(cdiv(B * T * H, 2 * sms)))
