@@ -64,7 +64,7 @@ def _knobs():
 
     def warps(adjoint):
         return lambda v: pp.PRECOMPUTE_WARPS.__setitem__(adjoint, v)
-    return {"chain warps": (attr(pf, "CHAIN_WARPS"), (2, 4, 8), pf.CHAIN_WARPS),
+    return {"chain warps": (attr(pf, "CHAIN_WARPS"), (1, 2, 4), pf.CHAIN_WARPS),
             "output pass warps": (attr(pf, "OUT_WARPS"), (1, 2, 4), pf.OUT_WARPS),
             "adjoint pass warps": (attr(pf, "ADJOINT_OUT_WARPS"), (1, 2, 4), pf.ADJOINT_OUT_WARPS),
             "precompute warps": (warps(False), (1, 2, 4), pp.PRECOMPUTE_WARPS[False]),

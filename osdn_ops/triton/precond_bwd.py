@@ -98,14 +98,14 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     if seg:
         segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, tt, a, h0, fs,
                                  flags, dk, dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
-                                 precond_fwd.CHAIN_WARPS)
+                                 precond_fwd.chain_warps(BK))
     else:
         traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)
         _adjoint_kernel[(N, H)](
             dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], tt, a, h0, fs,
             flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
             T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
-            BK=BK, num_warps=precond_fwd.CHAIN_WARPS if parallel else num_warps(BK, False), **flags_v)
+            BK=BK, num_warps=precond_fwd.chain_warps(BK) if parallel else num_warps(BK, False), **flags_v)
     if parallel:                            # h0 now holds sigma (the adjoint chain wrote it over h0)
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, w, h0, flags, ckpt,

@@ -23,11 +23,22 @@ from .precond_parallel import advance, chunk_program, group_outputs, num_warps, 
 from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, flagged_chunk, load_d0, scan_tokens, sequence_bounds,
                              sequences)
 
-#: warps of the chain, the output pass and the backward's adjoint pass (benchmarks/bench_precond.py)
-CHAIN_WARPS = 4
+#: warps of the serial chains (forward and adjoint, one level or per segment), the output pass and the backward's
+#: adjoint pass (benchmarks/bench_precond.py). Chain kernel ms at 4 -> 1 warps (H200, bf16, profiler, 20:04 UTC
+#: 2026-12-01), forward / adjoint: S1 0.093 -> 0.095 / 0.122 -> 0.105, S2 0.183 -> 0.186 / 0.239 -> 0.206,
+#: S4 0.357 -> 0.261 / 0.421 -> 0.285; S3's segment chains 0.071 -> 0.056 / 0.083 -> 0.058. One warp reduces
+#: a group's [16, K] tile without a barrier between warps. ``CHAIN_WARPS`` is for K <= 128; wider keys keep four
+#: (``chain_warps``).
+CHAIN_WARPS = 1
 OUT_WARPS = 2
 OUT_STAGES = tl.constexpr(2)        # software-pipeline stages of the output pass's group loop
 ADJOINT_OUT_WARPS = 2
+
+
+def chain_warps(BK: int) -> int:
+    """Warps of the serial chains for a key block of ``BK``: ``CHAIN_WARPS`` up to 128; four above, where one warp
+    would hold 128 registers per [16, BK] fp32 tile (sm_90 compile: the adjoint chain spilled up to 132 bytes)."""
+    return CHAIN_WARPS if BK <= 128 else 4
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -139,11 +150,11 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
                  if scratch is None else scratch)
         seg = segments.segment_tokens(k, cu_seqlens)
         if seg:
-            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg, CHAIN_WARPS)
+            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg, chain_warps(BK))
         else:
             _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, w, T, H, K,
                                   HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
-                                  C=CHUNK, G=GROUP, BK=BK, num_warps=CHAIN_WARPS)
+                                  C=CHUNK, G=GROUP, BK=BK, num_warps=chain_warps(BK))
         _out_kernel[(lay.n_chunks, B * H)](
             k, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, ckpt, w,
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),

@@ -40,7 +40,7 @@ from .precond_parallel import group_logs, load_keys, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
 
 #: warps of the map kernel (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
-#: 4 / 8 / 16 warps) and of the carry
+#: 4 / 8 / 16 warps) and of the carries (S3 adjoint carry 0.060 ms at 4 warps, 0.144 at 1)
 MAP_WARPS = 4
 CARRY_WARPS = 4
 
@@ -304,7 +304,7 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoe
     _segment_adjoint_carry_kernel[(N, H)](
         dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, dd0,
         ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
-        num_warps=chain_warps, **common)
+        num_warps=CARRY_WARPS, **common)
     _segment_adjoint_kernel[(lay.n_chunks, B * H)](
         dk_tilde, k, beta, a["r"], a["cu"], a["table"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T,
         lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
