@@ -23,8 +23,9 @@ current one runs (``CHAIN_STAGES``, ``ADJOINT_STAGES``). That needs the key rows
 (``H`` and ``K`` are specialized, see ``precond``). On the H200 (S1 / S2, bf16, profiler) the forward chain took
 0.115 / 0.224 ms with the loads rotated by hand two groups ahead, 0.171 / 0.327 ms pipelined without the
 alignment and 0.093 / 0.183 ms pipelined with it; the adjoint chain 0.159 / 0.313, 0.219 / 0.425 and
-0.123 / 0.241 ms (at four warps; at one, ``precond_fwd.CHAIN_WARPS``, the adjoint chain takes 0.105 / 0.206). A branch inside a loop stops the pipelining, so the adjoint handles the chunks the forward
-flagged between runs of unflagged ones.
+0.123 / 0.241 ms (at four warps; at one, ``precond_fwd.CHAIN_WARPS``, the adjoint chain takes 0.105 / 0.206). A
+branch inside a loop stops the pipelining, so the adjoint handles the chunks the forward flagged between runs of
+unflagged ones.
 """
 from __future__ import annotations
 
