@@ -34,25 +34,25 @@ from .precond_chain import _adjoint_kernel
 from . import precond_fwd
 from . import precond_segments as segments
 from .precond_fwd import forward_pass
-from .precond_parallel import group_adjoint, group_program, num_warps, precompute
+from .precond_parallel import group_adjoint, group_program, num_warps, precompute, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, sequences
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
 def _adjoint_out_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, w_ptr, sig_ptr, flag_ptr, ckpt_ptr,
                         gck_ptr, dk_ptr, dbeta_ptr, dr_ptr, T, NT, H, K, eta, eps, HAS_R: tl.constexpr,
-                        VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
-                        BK: tl.constexpr):
+                        VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr,
+                        G: tl.constexpr, BK: tl.constexpr):
     """Grid (chunks * C/G, B*H), one program per group: token gradients of a group whose chunk the
     forward did not flag, from ``d`` at the group's start (``ckpt``), the gradient at its end (``gck``) and the
-    tokens' ``w`` and ``sigma``."""
+    tokens' ``w`` and ``sigma``; ``PREC`` the input precision of its in-group sums (``group_adjoint``)."""
     start, n, gi, h, row = group_program(cu_ptr, table_ptr, T, NT, H, C, G, VARLEN)
     if gi * G < n:
         if tl.load(flag_ptr + row * H + h) == 0:
             r = (((C // G) * row + gi) * H + h) * BK + tl.arange(0, BK)
             group_adjoint(tl.load(gck_ptr + r), tl.load(ckpt_ptr + r), k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr,
                           dk_ptr, dbeta_ptr, dr_ptr, start + gi * G, start + n, h, H, K, eta, eps, HAS_R, BETA_AWARE,
-                          G, BK)
+                          PREC, G, BK)
 
 
 def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel,
@@ -109,6 +109,6 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     if parallel:                            # h0 now holds sigma (the adjoint chain wrote it over h0)
         _adjoint_out_kernel[(lay.n_chunks * (CHUNK // GROUP), B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, w, h0, flags, ckpt,
-            gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(eps), C=CHUNK, G=GROUP, BK=BK,
-            num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
+            gck, dk, dbeta, opt["dr"], T, lay.NT, H, K, float(eta), float(eps), PREC=precompute_precision(k), C=CHUNK,
+            G=GROUP, BK=BK, num_warps=precond_fwd.ADJOINT_OUT_WARPS, **flags_v)
     return dk, dbeta, dd0, dr

@@ -43,7 +43,8 @@ the gradients either: the forward's precompute keeps ``Tinv^T`` for the backward
 precompute then only forms ``a``, ``h0`` and ``fsum`` (no Gram matrix, no inverse); the chain's step is three
 short dependent reductions, and off its serial path the chain also forms ``sigma`` and keeps it. Without
 retention ``Phi_t = <s_t, sum_{j>t} f_j>``, a reverse cumulative sum (exact fp32, no product). ``group_adjoint``
-forms every ``g_{t+1}`` of the group from ``sigma`` (again a cumulative sum) and the token gradients.
+forms every ``d_t`` and ``g_{t+1}`` of the group from ``w`` and ``sigma`` (two triangular products) and the token
+gradients.
 """
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ PRECOMPUTE_WARPS = {False: 1, True: 1}
 
 
 def precompute_precision(k: Tensor) -> str:
-    """Input precision of the precompute's Gram matrix and inverse (and of ``precond_segments``' maps): one tf32
-    pass for 16-bit keys, three (~fp32) for fp32 keys. Both only shape the small terms ``c_t b_t <s_t, s_j>``
+    """Input precision of the precompute's Gram matrix and inverse (and of ``precond_segments``' maps and the
+    adjoint pass's in-group sums, ``group_adjoint``): one tf32 pass for 16-bit keys, three (~fp32) for fp32 keys. Both only shape the small terms ``c_t b_t <s_t, s_j>``
     (c is eta / |k|^2), so a tf32 rounding of them moves ``d`` far below bf16's resolution. With bf16 keys on
     S1 the single pass (then also for the adjoint's ``<s_t, f_j>``, now always three) moved ``k_tilde``,
     ``d_final`` and the gradients by at most 3.6e-4 relative and cut the forward precompute from 0.126 to
@@ -205,10 +206,12 @@ def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens:
 
 
 @triton.jit
-def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexpr, G: tl.constexpr,
-                 BK: tl.constexpr):
+def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexpr, CUMSUM: tl.constexpr,
+                 PREC: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Every ``d_t`` of a group in the parallel form, from ``d`` ([BK] fp32) at its start and its ``w`` ([G],
-    zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``r, lg, lgi`` from ``group_logs``.
+    zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``r, lg, lgi`` from ``group_logs``. The in-group sums
+    are a triangular product (``tl.dot``, input precision ``PREC``) or, with ``CUMSUM`` and no retention, a
+    cumulative sum (exact fp32; the cheaper of the two in the output pass, the dearer in the adjoint pass).
 
     Returns ``(D [G, BK] with d_t per row, d_end [BK], bad [BK] int32)``; they hold only where ``bad`` is 0
     everywhere (no pre-clamp value outside the box, nothing NaN).
@@ -219,11 +222,11 @@ def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexp
     ws = w[:, None] * s
     lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)             # Gam at the group's end
     d_end = tl.exp(lg_end) * d + tl.sum((tl.exp(tl.minimum(lg_end - lgi, 0.0)) * w)[:, None] * s, 0)
-    if HAS_R:
-        lam = tl.where(ci[:, None] > ci[None, :], tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)), 0.0)
-        D = tl.exp(lg)[:, None] * d[None, :] + tl.dot(lam, ws, input_precision="tf32x3")
-    else:
+    if CUMSUM and not HAS_R:
         D = d[None, :] + (tl.cumsum(ws, 0) - ws)
+    else:
+        lam = tl.where(ci[:, None] > ci[None, :], tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)), 0.0)
+        D = tl.exp(lg)[:, None] * d[None, :] + tl.dot(lam, ws, input_precision=PREC)
     P = r[:, None] * D + ws                                      # pre-clamp d_{t+1}
     inside = (P >= d_min) & (P <= d_max)
     bad = tl.max(tl.where(inside | (offs >= K)[None, :] | ~mrow[:, None], 0, 1), 0)
@@ -246,21 +249,22 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     p = tl.sum(kv * kv * d[None, :], 1)
     w = w0 - tl.sum(M * p[None, :], 1)
-    D, d_end, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, G, BK)
+    D, d_end, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, True, "tf32x3", G, BK)
     return D, kv, d_end, bad, w
 
 
 @triton.jit
-def group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr, G: tl.constexpr,
-                 BK: tl.constexpr):
+def group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr, CUMSUM: tl.constexpr,
+                 PREC: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """A group's rows ``[t0, min(t0 + G, t1))`` rebuilt from ``d`` at its start and the chain's ``w`` (``w_ptr``,
-    rows as the keys'): ``(rows, mrow, keys [G, BK] fp32, r, lg, lgi, D, bad)`` (``group_logs``, ``group_states``)."""
+    rows as the keys'): ``(rows, mrow, keys [G, BK] fp32, r, lg, lgi, D, bad)`` (``group_logs``, ``group_states``
+    with ``CUMSUM`` and ``PREC``)."""
     rows = t0 + tl.arange(0, G)
     mrow = rows < t1
     kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
     w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    D, _, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, G, BK)
+    D, _, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, CUMSUM, PREC, G, BK)
     return rows, mrow, kv, r, lg, lgi, D, bad
 
 
@@ -277,8 +281,8 @@ def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max,
                   STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
     chain's ``w``; returns ``bad`` of ``group_states``."""
-    rows, mrow, kv, _, _, _, D, bad = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R, G,
-                                                   BK)
+    rows, mrow, kv, _, _, _, D, bad = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R, True,
+                                                   "tf32x3", G, BK)
     if STORE_KT:
         store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK)
     return bad
@@ -322,14 +326,21 @@ def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, w_ptr, t
 
 @triton.jit
 def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr, dbeta_ptr, dr_ptr, t0, t1, h, H,
-                  K, eta, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
+                  K, eta, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, PREC: tl.constexpr, G: tl.constexpr,
+                  BK: tl.constexpr):
     """Adjoint of tokens ``[t0, min(t0 + G, t1))`` of a chunk that passed the forward's check: ``g`` [BK]
     is the gradient of ``d`` at the group's end, ``d`` the state at its start, ``w`` (the forward chain's) and
     ``sigma`` (the adjoint chain's) per token at ``w_ptr``, ``sig_ptr`` (rows as the keys'). Writes ``dk``,
-    ``dbeta`` (and ``dretention`` with ``HAS_R``) of the group's tokens."""
+    ``dbeta`` (and ``dretention`` with ``HAS_R``) of the group's tokens.
+
+    The in-group sums ``d_t`` and ``g_{t+1}`` are triangular products at input precision ``PREC``
+    (``precompute_precision``), with or without retention: Triton's cumulative sum over the 16 rows of a tile costs
+    hundreds of shuffles. H200, bf16, S1 / S2 / S3: this kernel took 0.168 / 0.086 / 0.173 ms with both sums
+    cumulative, 0.141 / 0.072 / 0.148 with both products (either one alone was slower than none)."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
-    rows, mrow, kv, r, lg, lgi, D, _ = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, 0.0, 0.0, HAS_R, G, BK)
+    rows, mrow, kv, r, lg, lgi, D, _ = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, 0.0, 0.0, HAS_R, False,
+                                                    PREC, G, BK)
     sigma = tl.load(sig_ptr + rows * H + h, mask=mrow, other=0.0)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
@@ -337,11 +348,8 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
     gkt = load_keys(dkt_ptr, rows, mrow, h, H, K, BK)
     Y = gkt * kv - (c * bb * sigma)[:, None] * s
     lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)
-    if HAS_R:                                                    # Gt[t] = g_{t+1}
-        up = tl.where(ci[:, None] < ci[None, :], tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0)), 0.0)
-        Gt = tl.exp(lg_end - lgi)[:, None] * g[None, :] + tl.dot(up, Y, input_precision="tf32x3")
-    else:
-        Gt = g[None, :] + (tl.cumsum(Y, 0, reverse=True) - Y)
+    up = tl.where(ci[:, None] < ci[None, :], tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0)), 0.0)
+    Gt = tl.exp(lg_end - lgi)[:, None] * g[None, :] + tl.dot(up, Y, input_precision=PREC)       # Gt[t] = g_{t+1}
     x = tl.sum(D * s, 1)
     a = bb * x
     da = -c * sigma
