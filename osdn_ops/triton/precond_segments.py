@@ -8,20 +8,23 @@ segments of ``SEG`` tokens (a multiple of 64) and:
 1. ``_segment_map_kernel`` (one program per segment and head, all in parallel): the segment's map,
    ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the retentions) and ``b``, built
    group by group with the chain's own step applied to a matrix: ``W = -M S A``, ``A <- exp(Gam_end) A +
-   (E S)^T W``. The identity part is kept apart, so the one product that touches only the small part,
-   ``S Delta``, can take a single tf32 pass for 16-bit keys; the others take three. (With every product in one
-   pass, ``d_final`` after a 1000-token segment at eta = 0.05 was off by 1.3e-4 relative: ``Delta d`` is not
-   small there.)
+   (E S)^T W`` (the identity part kept apart). Every product takes the keys' precision
+   (``precond_parallel.precompute_precision``): one tf32 pass for 16-bit keys, three (~fp32) for fp32 keys. On S3
+   (bf16, H200) one pass instead of three took the maps from 0.577 to 0.336 ms (forward) and 0.568 to 0.325 ms
+   (adjoint) and moved ``k_tilde``, the unclamped ``d`` at the segment starts and the gradients by up to 1e-3
+   relative (norms), below bf16's resolution of 3.9e-3; the chains inside a segment stay exact fp32.
 2. ``_segment_carry_kernel`` (one program per sequence and head): ``d`` at every segment start, one
-   matrix-vector product per segment, and the unclamped ``d_final``.
+   matrix-vector product per segment.
 3. ``_segment_chain_kernel`` (one program per segment and head): the ordinary chain from the segment's
-   start, writing the group checkpoints as ``precond_chain`` does.
+   start, writing the group checkpoints as ``precond_chain`` does; the last segment of a sequence writes the
+   unclamped ``d_final`` (so a sequence of one segment gets it from the chain alone).
 
 The adjoint is the same with the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))``
 (``Mbc = diag(a) Tinv^T diag(e)``, formed per group from the forward's ``Tinv^T``), run
 backwards: the map takes ``g`` at the segment's end to ``g`` at its start. A segment with a chunk that the
 forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token
-in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it.
+in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it. The
+gradient of ``d0`` comes from the first segment's chain (or from the carry where it ran that segment).
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ from .precond_parallel import group_logs, load_keys, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
 
 #: warps of the map kernel (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
-#: 4 / 8 / 16 warps) and of the carries (S3 adjoint carry 0.060 ms at 4 warps, 0.144 at 1)
+#: 4 / 8 / 16 warps with three-pass products, 0.661 / 1.010 ms at 4 / 8 with one pass) and of the carries (S3
+#: adjoint carry 0.060 ms at 4 warps, 0.144 at 1)
 MAP_WARPS = 4
 CARRY_WARPS = 4
 
@@ -50,10 +54,11 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
 
     Two levels when K <= 128, there are at most an eighth as many (sequence, head) chains as SMs and sequences
     average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
-    the maps cost about 2.3 ns per token and head in each direction, the serial chains about 50 ns (forward)
-    and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token segments): forward+backward kernels
-    5.04 -> 2.39 ms. S2 (32 chains, 256-token segments, maps then 1.6 ns): 0.95 -> 1.04 ms, so it stays at one
-    level."""
+    the maps cost about 1.3 ns per token and head in each direction (bf16 keys), the serial chains about 50 ns
+    (forward) and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token segments): forward+backward
+    kernels 5.04 -> 2.39 ms with three-pass maps, 1.25 ms with one pass. S2 (32 chains), one-pass maps at
+    8 warps: 0.80 ms in two levels (512-token segments) against 0.59 in one, S1 (128 chains, 256-token
+    segments) 1.52 against 0.57, so they stay at one level."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
@@ -138,9 +143,9 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
                 E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
                 if ADJOINT:                                    # X = Mbc = diag(a) Tinv^T diag(E)
                     X = tl.load(a_ptr + rows * H + h, mask=mrow, other=0.0)[:, None] * X * E[None, :]
-                # W = -X S A = -(alpha X S + X (S Delta)): only S Delta, small next to alpha S, in PREC
+                # W = -X S A = -(alpha X S + X (S Delta))
                 SD = tl.dot(s, delta, input_precision=PREC)
-                W = -(alpha * tl.dot(X, s, input_precision="tf32x3") + tl.dot(X, SD, input_precision="tf32x3"))
+                W = -(alpha * tl.dot(X, s, input_precision=PREC) + tl.dot(X, SD, input_precision=PREC))
                 pb = tl.sum(s * b[None, :], 1)
                 wb = -tl.sum(X * pb[None, :], 1)
                 if ADJOINT:
@@ -151,7 +156,7 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
                     sl = E[:, None] * s
                     w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
                     b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
-                delta = tl.dot(tl.trans(sl), W, acc=ee * delta, input_precision="tf32x3")     # Delta's main term
+                delta = tl.dot(tl.trans(sl), W, acc=ee * delta, input_precision=PREC)
                 alpha = alpha * ee
             base = row * H + h
             tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
@@ -162,8 +167,8 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
 @triton.jit(do_not_specialize=["T", "NS"])
 def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_ptr, dstart_ptr, dfin_ptr, T, NS, H,
                           K, HAS_D0: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, BK: tl.constexpr):
-    """Grid (N, H), forward: ``d`` at every segment start to ``dstart [rows, H, BK]``; the unclamped ``d`` at the
-    sequence's end to ``dfin``."""
+    """Grid (N, H), forward: ``d`` at every segment start to ``dstart [rows, H, BK]`` (``d0`` to ``dfin`` for an empty
+    sequence; otherwise the last segment's chain writes it)."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -173,25 +178,30 @@ def _segment_carry_kernel(d0_ptr, cu_ptr, first_ptr, amap_ptr, bmap_ptr, alpha_p
     for j in range(0, ns):
         base = (r0 + j) * H + h
         tl.store(dstart_ptr + base * BK + offs, d)
-        A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
-        d = tl.load(alpha_ptr + base) * d + tl.sum(A * d[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
-    tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
+        if j < ns - 1:
+            A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
+            d = tl.load(alpha_ptr + base) * d + tl.sum(A * d[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
+    if ns == 0:
+        tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
-def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, w_ptr, T, NS, H, K,
-                          HAS_R: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr,
+def _segment_chain_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, m_ptr, w0_ptr, dstart_ptr, ckpt_ptr, w_ptr, dfin_ptr, T, NS,
+                          H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr,
                           G: tl.constexpr, BK: tl.constexpr):
     """Grid (segment rows, B*H), forward: the chain through one segment from its start (``dstart``), writing
-    ``d`` at each group start to the checkpoints (rows of ``precond_chain._chain_kernel``) and each token's ``w``."""
+    ``d`` at each group start to the checkpoints (rows of ``precond_chain._chain_kernel``) and each token's ``w``;
+    the sequence's last segment writes the unclamped ``d`` at its end to ``dfin``."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
     if n > 0:
         offs = tl.arange(0, BK)
         d = tl.load(dstart_ptr + (row * H + h) * BK + offs)
         ckpt = ckpt_ptr + ((C // G) * (bos // C + seq) * H + h) * BK
         i_lo = (start - bos) // G
-        chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, i_lo, i_lo + (n + G - 1) // G, h, H, K,
-                     HAS_R, G, BK)
+        d = chain_groups(d, k_ptr, m_ptr, w0_ptr, r_ptr, ckpt, w_ptr, bos, eos, i_lo, i_lo + (n + G - 1) // G, h, H,
+                         K, HAS_R, G, BK)
+        if start + n == eos:
+            tl.store(dfin_ptr + (seq * H + h) * K + offs, d, mask=offs < K)
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
@@ -202,8 +212,9 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
                                   HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
                                   SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H), adjoint: segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
-    segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others apply their map.
-    The gradient at the sequence's start goes to ``dd0``."""
+    segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others but the first apply their
+    map. The gradient at the sequence's start goes to ``dd0`` where the sequence is empty or its first segment
+    ran here; otherwise the first segment's adjoint chain writes it."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -219,8 +230,9 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
         t0 = bos + j * SEG
         nt = tl.minimum(SEG, eos - t0)
         if segment_clean(flag_ptr, slot, j * (SEG // C), nt, h, H, SEG, C):
-            A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
-            g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
+            if j > 0:
+                A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
+                g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
         else:
             g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
                                fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
@@ -228,18 +240,21 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
                                gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos, slot,
                                j * (SEG // G), j * (SEG // G) + (nt + G - 1) // G, h, H, K, eta, d_min, d_max, eps,
                                HAS_R, BETA_AWARE, C, G, BK)
-    tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
+    if ns == 0:
+        tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
+    elif segment_clean(flag_ptr, slot, 0, tl.minimum(SEG, eos - bos), h, H, SEG, C) == 0:
+        tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
 def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, tt_ptr, a_ptr, hs_ptr, fs_ptr,
-                            flag_ptr, dk_ptr,
-                            dbeta_ptr, dr_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
+                            flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, gend_ptr, T, NS, H, K, eta,
+                            d_min, d_max, eps,
                             HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, SEG: tl.constexpr,
                             C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Grid (segment rows, B*H), adjoint: the adjoint chain through one segment without flagged chunks from
-    ``g`` at its end (``gend``), writing ``g`` at each group's end (``gck``); flagged segments were done by
-    the carry."""
+    ``g`` at its end (``gend``), writing ``g`` at each group's end (``gck``) and, in a sequence's first segment, the
+    gradient at its start to ``dd0``; flagged segments were done by the carry."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
     if n > 0:
         NG: tl.constexpr = C // G
@@ -249,11 +264,13 @@ def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, 
             g = tl.load(gend_ptr + (row * H + h) * BK + offs)
             i_lo = (start - bos) // G
             # no chunk here is flagged, so the token adjoint never runs and needs no scratch (ckpt stands in)
-            adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
-                           fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
-                           dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
-                           gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,
-                           i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
+            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
+                               fs_ptr + (NG * slot * H + h) * BK, flag_ptr,
+                               dk_ptr, dbeta_ptr, dr_ptr, ckpt_ptr + (NG * slot * H + h) * BK,
+                               gck_ptr + (NG * slot * H + h) * BK, ckpt_ptr, bos, eos, slot, i_lo,
+                               i_lo + (n + G - 1) // G, h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
+            if start == bos:
+                tl.store(dd0_ptr + (seq * H + h) * K + offs, g, mask=offs < K)
 
 
 def _segment_maps(k, retention, cu_seqlens, x, a, v, flags, seg: int, adjoint: bool):
@@ -286,8 +303,8 @@ def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, 
     _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
         d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NT, H, K,
         HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
-    _segment_chain_kernel[(lay.n_chunks, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, w, T, lay.NT,
-                                                 H, K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
+    _segment_chain_kernel[(lay.n_chunks, B * H)](k, a["r"], a["cu"], a["table"], M, w0, dstart, ckpt, w, dfin, T,
+                                                 lay.NT, H, K, C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
 
 
 def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoef, hs, fs, flags, dk, dbeta, dr, dd0,
@@ -306,5 +323,5 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoe
         ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
         num_warps=CARRY_WARPS, **common)
     _segment_adjoint_kernel[(lay.n_chunks, B * H)](
-        dk_tilde, k, beta, a["r"], a["cu"], a["table"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, ckpt, gck, gend, T,
-        lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
+        dk_tilde, k, beta, a["r"], a["cu"], a["table"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, dd0, ckpt, gck,
+        gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
