@@ -5,10 +5,10 @@ group. With few sequences and heads (S3: 8 programs for 132 SMs) that serial tim
 Without clamping, a run of groups maps ``d`` affinely: ``d_end = A d + b``. So each sequence is cut into
 segments of ``SEG`` tokens (a multiple of 64) and:
 
-1. ``_segment_map_kernel`` (one program per segment and head, all in parallel): the segment's map,
-   ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the retentions) and ``b``, built
-   group by group with the chain's own step applied to a matrix: ``W = -M S A``, ``A <- exp(Gam_end) A +
-   (E S)^T W`` (the identity part kept apart). Every product takes the keys' precision
+1. ``_segment_map_kernel`` (one program per segment and head, all in parallel, but for the segment the carry
+   ends on): the segment's map, ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the
+   retentions) and ``b``, built group by group with the chain's own step applied to a matrix: ``W = -M S A``,
+   ``A <- exp(Gam_end) A + (E S)^T W`` (the identity part kept apart). Every product takes the keys' precision
    (``precond_parallel.precompute_precision``): one tf32 pass for 16-bit keys, three (~fp32) for fp32 keys. On S3
    (bf16, H200) one pass instead of three took the maps from 0.577 to 0.336 ms (forward) and 0.568 to 0.325 ms
    (adjoint) and moved ``k_tilde``, the unclamped ``d`` at the segment starts and the gradients by up to 1e-3
@@ -110,9 +110,14 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
     """Grid (segment rows, B*H): the segment's map to ``amap [rows, H, BK, BK]`` (Delta), ``bmap [rows, H, BK]``
     and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: ``x`` is Tinv^T, ``a``
     the precompute's ``a``, ``v`` fsum (rows as the checkpoints), groups backwards; a segment with a flagged chunk
-    is skipped (the carry runs it serially)."""
+    is skipped (the carry runs it serially). The carries never apply the map of a sequence's last segment (forward)
+    or first segment (adjoint), so those are not built (a sequence of one segment builds none)."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
-    if n > 0:
+    if ADJOINT:
+        used = start > bos
+    else:
+        used = start + n < eos
+    if (n > 0) & used:
         NG: tl.constexpr = C // G
         slot = bos // C + seq
         if ADJOINT:
