@@ -245,7 +245,8 @@ def test_two_level_chains(case, monkeypatch):
     64-token segments: outputs and every gradient match the oracle, and the one-level chains to 1e-5.
     ``dense``/``varlen`` (empty and partial segments): a large step in a wide box, so that no chunk falls back
     and the maps are far from the identity; ``fallback``: chunks that ran token by token, so the adjoint's
-    carry runs some segments serially."""
+    carry runs some segments serially. The backward from the saved residuals (the forward's maps among them) is
+    bitwise the one that runs the forward again."""
     x = {"dense": lambda: problem(B=2, T=300, H=2),
          "varlen": lambda: problem(T=300, H=2, cu=[0, 0, 70, 80, 80, 300], retention=False),
          "fallback": lambda: problem(T=350, H=2, keys="vocab", retention=False)}[case]()
@@ -260,8 +261,15 @@ def test_two_level_chains(case, monkeypatch):
     check(x, eta=1.0, tol=1e-5, other_form=False, box=box)
     two = tp.precond_scan_fwd(*args, save=True)
     assert torch.equal(two[3], one[3])                      # the same chunks fell back
-    for a, b in zip(two[:2] + tp.precond_scan_bwd(*g, *args, saved=two[2:]), one[:2] + one_bwd):
+    two_bwd = tp.precond_scan_bwd(*g, *args, saved=two[2:])
+    for a, b in zip(two[:2] + two_bwd, one[:2] + one_bwd):
         assert rel(a, b) < 1e-5 if b.numel() else a.numel() == 0
+    for a, b in zip(tp.precond_scan_bwd(*g, *args), two_bwd):     # the backward that runs the forward again
+        assert torch.equal(a, b)
+    if case == "dense":                                     # the adjoint applies the forward's maps
+        moved = two[2].clone()
+        residual_views(moved, x["k"], None)[3].mul_(1.5)
+        assert not torch.equal(tp.precond_scan_bwd(*g, *args, saved=(moved, two[3]))[0], two_bwd[0])
 
 
 def test_two_level_choice(monkeypatch):

@@ -4,7 +4,7 @@ Shapes: ``k [B,T,H,K]``, ``beta [B,T,H]``, ``d0 [N,H,K]`` fp32 or None (ones),
 ``retention [B,T,H]`` or None (ones), ``cu_seqlens [N+1]`` or None (N = B).
 ``precond_scan_fwd -> (k_tilde [B,T,H,K] in k's dtype, d_final [N,H,K] fp32)``, with ``save=True`` followed by
 the backward's residuals ``(checkpoints, flags)`` (``saved_shapes``; ``checkpoints`` holds ``d`` at every group
-start, every token's ``w`` and every group's ``Tinv^T``);
+start, every token's ``w``, every group's ``Tinv^T`` and any segment maps);
 ``precond_scan_bwd -> (dk, dbeta, dd0 [N,H,K] fp32, dretention or empty [0] fp32)``; given the residuals
 (``saved``) it does not rerun the forward.
 
@@ -56,12 +56,13 @@ def _use_reference(k) -> bool:
 
 def saved_shapes(k, cu_seqlens) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Shapes of the forward's residuals for the backward: one flat fp32 buffer with ``d`` at every 16-token
-    group start, every token's ``w`` and every group's ``Tinv^T`` (``precond_fwd.residual_views``), and the chunks
-    that ran token by token (``[flag_slots, H]`` int32); ``(0,)`` each where the reference kernels run (they keep
-    nothing).
+    group start, every token's ``w``, every group's ``Tinv^T`` and, where the chains run in two levels, every
+    segment's map (``precond_fwd.residual_views``), and the chunks that ran token by token (``[flag_slots, H]``
+    int32); ``(0,)`` each where the reference kernels run (they keep nothing).
 
-    Keeping them costs 100 bytes per token and head (0.39 of the bf16 keys' bytes at K = 128) and saves the
-    backward a second forward chain and its precompute the Gram matrices and inverses."""
+    Keeping them costs 100 bytes per token and head (0.39 of the bf16 keys' bytes at K = 128), and with two levels
+    ``4 BK^2 / seg`` more (64 at K = 128 and S3's 1024-token segments); it saves the backward a second forward
+    chain, its precompute the Gram matrices and inverses and its maps the ``[BK, BK]`` products."""
     if _use_reference(k):
         return (0,), (0,)
     return (residuals(k, cu_seqlens),), (flag_slots(k, cu_seqlens), k.shape[2])

@@ -7,7 +7,8 @@ What is saved and what is recomputed: storing the whole trajectory ``d_t`` would
 ``[B,T,H,K]`` buffer (twice the bf16 keys) written and read once. The forward keeps instead what its
 chain wrote anyway: ``d`` at every 16-token group start (``[4 * slots, H, BK]`` fp32, an eighth of the
 bf16 keys' bytes), every token's ``w`` (``[B*T, H]`` fp32, 4 bytes a token and head), every group's
-``Tinv^T`` (``[B*T, H, 16]`` fp32, a quarter of the keys' bytes) and which chunks ran token by token
+``Tinv^T`` (``[B*T, H, 16]`` fp32, a quarter of the keys' bytes), with two-level chains every segment's map
+(``precond_segments``: the adjoint's maps are their transposes) and which chunks ran token by token
 (``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with a cumulative sum,
 and its precompute needs no Gram matrix or inverse. Without them (``saved=None``) the forward runs again
 (``precond_fwd``, same form, no ``k_tilde``). Then, in the chunk-parallel form:
@@ -80,7 +81,7 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
     lay = chunk_layout(cu_seqlens, B, T) if parallel else None
     if saved is not None:
         res, flags = saved
-        ckpt, w, tt = precond_fwd.residual_views(res, k, cu_seqlens)
+        ckpt, w, tt, maps = precond_fwd.residual_views(res, k, cu_seqlens)
     else:
         tt = None
     if parallel:
@@ -92,12 +93,12 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
         _, _, flags, res = forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware,
                                         parallel, store_kt=False, keep=not parallel,
                                         scratch=(M, w0) if parallel else None, layout=lay)
-        ckpt, w, _ = precond_fwd.residual_views(res, k, cu_seqlens)
+        ckpt, w, _, maps = precond_fwd.residual_views(res, k, cu_seqlens)
     gck = torch.empty_like(ckpt) if parallel else dummy
     seg = segments.segment_tokens(k, cu_seqlens) if parallel else 0
     if seg:
         segments.segment_adjoint(dk_tilde, dd_final.contiguous(), k, beta, retention, cu_seqlens, tt, a, h0, fs,
-                                 flags, dk, dbeta, dr, dd0, ckpt, gck, seg, eta, d_min, d_max, eps, beta_aware,
+                                 flags, dk, dbeta, dr, dd0, ckpt, gck, maps, seg, eta, d_min, d_max, eps, beta_aware,
                                  precond_fwd.chain_warps(BK))
     else:
         traj = torch.empty(N * H, CHUNK, BK, dtype=torch.float32, device=k.device)

@@ -12,6 +12,8 @@ Also the first pass of the backward: there it writes no ``k_tilde``, only the ch
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -98,22 +100,34 @@ def _checkpoint_numel(k, cu_seqlens) -> int:
     return flag_slots(k, cu_seqlens) * (CHUNK // GROUP) * k.shape[2] * block_k(k.shape[-1])
 
 
+def _map_shape(k, cu_seqlens) -> tuple[int, ...]:
+    """Shape of the two-level chains' segment maps (``precond_segments``), ``(0,)`` where one level runs."""
+    seg = segments.segment_tokens(k, cu_seqlens)
+    BK = block_k(k.shape[-1])
+    return (segments.map_rows(k, cu_seqlens, seg), k.shape[2], BK, BK) if seg else (0,)
+
+
 def residuals(k, cu_seqlens, keep: bool = True) -> int:
     """Size of what the forward keeps for the backward (fp32, one flat buffer; ``residual_views``); without
     ``keep``, of the part the forward itself needs (no ``Tinv^T``)."""
     B, T, H, K = k.shape
-    return _checkpoint_numel(k, cu_seqlens) + B * T * H * (1 + GROUP * keep)
+    return _checkpoint_numel(k, cu_seqlens) + B * T * H * (1 + GROUP * keep) + math.prod(_map_shape(k, cu_seqlens))
 
 
 def residual_views(res, k, cu_seqlens):
-    """``(ckpt [4 * flag_slots, H, BK], w [B*T, H], tinv_t [B*T, H, GROUP] or None)`` views of a
-    ``residuals``-sized buffer: ``d`` at every group start and every token's ``w`` as the chain wrote them, and
-    every group's ``Tinv^T`` as the precompute wrote it (``precond_parallel``; None without ``keep``)."""
+    """``(ckpt [4 * flag_slots, H, BK], w [B*T, H], tinv_t [B*T, H, GROUP] or None, maps)`` views of a
+    ``residuals``-sized buffer: ``d`` at every group start and every token's ``w`` as the chain wrote them, every
+    group's ``Tinv^T`` as the precompute wrote it (``precond_parallel``; None without ``keep``), and with two-level
+    chains the segment maps' Delta (``[map_rows, H, BK, BK]``; None with one level)."""
     B, T, H, K = k.shape
     n = _checkpoint_numel(k, cu_seqlens)
     m = n + B * T * H
-    tt = res[m:].view(B * T, H, GROUP) if res.numel() == m + B * T * H * GROUP else None
-    return res[:n].view(-1, H, block_k(K)), res[n:m].view(B * T, H), tt
+    shape = _map_shape(k, cu_seqlens)
+    nm = math.prod(shape)
+    body = res[:res.numel() - nm]
+    tt = body[m:].view(B * T, H, GROUP) if body.numel() == m + B * T * H * GROUP else None
+    maps = res[res.numel() - nm:].view(shape) if nm else None
+    return body[:n].view(-1, H, block_k(K)), body[n:m].view(B * T, H), tt, maps
 
 
 def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, beta_aware, parallel, *,
@@ -139,7 +153,7 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
     res = torch.empty(residuals(k, cu_seqlens, keep), **f32) if parallel or keep else None
     if N * H == 0:
         return kt, dfin, flags, res
-    ckpt, w, tt = residual_views(res, k, cu_seqlens) if res is not None else (None, None, None)
+    ckpt, w, tt, maps = residual_views(res, k, cu_seqlens) if res is not None else (None,) * 4
     dummy = k
     opt = dict(d0=d0 if d0 is not None else dummy, r=retention if retention is not None else dummy,
                cu=cu_seqlens if cu_seqlens is not None else dummy)
@@ -150,7 +164,7 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
                  if scratch is None else scratch)
         seg = segments.segment_tokens(k, cu_seqlens)
         if seg:
-            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg, chain_warps(BK))
+            segments.segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, maps, seg, chain_warps(BK))
         else:
             _chain_kernel[(N, H)](k, opt["d0"], opt["r"], opt["cu"], M, w0, dfin, ckpt, w, T, H, K,
                                   HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,

@@ -5,10 +5,10 @@ group. With few sequences and heads (S3: 8 programs for 132 SMs) that serial tim
 Without clamping, a run of groups maps ``d`` affinely: ``d_end = A d + b``. So each sequence is cut into
 segments of ``SEG`` tokens (a multiple of 64) and:
 
-1. ``_segment_map_kernel`` (one program per segment and head, all in parallel, but for the segment the carry
-   ends on): the segment's map, ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the
-   retentions) and ``b``, built group by group with the chain's own step applied to a matrix: ``W = -M S A``,
-   ``A <- exp(Gam_end) A + (E S)^T W`` (the identity part kept apart). Every product takes the keys' precision
+1. ``_segment_map_kernel`` (one program per segment and head, all in parallel): the segment's map,
+   ``A = alpha I + Delta`` (``Delta [BK, BK]`` fp32, alpha the product of the retentions) and ``b``, built group
+   by group with the chain's own step applied to a matrix: ``W = -M S A``, ``A <- exp(Gam_end) A + (E S)^T W``
+   (the identity part kept apart). Every product takes the keys' precision
    (``precond_parallel.precompute_precision``): one tf32 pass for 16-bit keys, three (~fp32) for fp32 keys. On S3
    (bf16, H200) one pass instead of three took the maps from 0.577 to 0.336 ms (forward) and 0.568 to 0.325 ms
    (adjoint) and moved ``k_tilde``, the unclamped ``d`` at the segment starts and the gradients by up to 1e-3
@@ -19,12 +19,15 @@ segments of ``SEG`` tokens (a multiple of 64) and:
    start, writing the group checkpoints as ``precond_chain`` does; the last segment of a sequence writes the
    unclamped ``d_final`` (so a sequence of one segment gets it from the chain alone).
 
-The adjoint is the same with the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))``
-(``Mbc = diag(a) Tinv^T diag(e)``, formed per group from the forward's ``Tinv^T``), run
-backwards: the map takes ``g`` at the segment's end to ``g`` at its start. A segment with a chunk that the
-forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token
-in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it. The
-gradient of ``d0`` comes from the first segment's chain (or from the carry where it ran that segment).
+The adjoint runs the transposed step ``g_start = exp(Gam_end) g + fsum - S^T (Mbc (S g))`` (``Mbc = diag(a)
+Tinv^T diag(e)``, formed per group from the forward's ``Tinv^T``) backwards: ``g_start = A^T g_end + b'``. Its
+linear part is the transpose of the forward's map (``Mbc``'s terms are ``M``'s transposed), so the forward keeps
+its ``Delta`` for the backward (``map_rows``; ``precond_fwd.residuals``) and the adjoint's map kernel forms only
+the offset ``b'`` (the adjoint chain from ``g_end = 0``), a vector per group instead of a ``[BK, BK]`` product:
+on S3 (H200, bf16) the adjoint's maps took 0.327 ms and its offsets take 0.124. A segment with a chunk that the
+forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token in the
+flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it. The gradient of
+``d0`` comes from the first segment's chain (or from the carry where it ran that segment).
 """
 from __future__ import annotations
 
@@ -41,11 +44,13 @@ from .host_math import cdiv, next_pow2
 from .precond_chain import adjoint_groups, chain_groups
 from .precond_parallel import group_logs, load_keys, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
+from .varlen import max_chunks
 
-#: warps of the map kernel (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
-#: 4 / 8 / 16 warps with three-pass products, 0.661 / 1.010 ms at 4 / 8 with one pass) and of the carries (S3
-#: adjoint carry 0.060 ms at 4 warps, 0.144 at 1)
-MAP_WARPS = 4
+#: warps of the map kernel, forward (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
+#: 4 / 8 / 16 warps with three-pass products, 0.661 / 1.010 ms at 4 / 8 with one pass) and adjoint (offsets only:
+#: S3 0.124 / 0.131 / 0.129 ms at 1 / 2 / 4 warps), and of the carries (S3 adjoint carry 0.060 ms at 4 warps, 0.144
+#: at 1)
+MAP_WARPS = {False: 4, True: 1}
 CARRY_WARPS = 4
 
 
@@ -66,6 +71,13 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
         return 0
     seg = max(256, next_pow2(cdiv(B * T * H, 2 * sms)))
     return seg if B * T // N >= 8 * seg else 0
+
+
+def map_rows(k: Tensor, cu_seqlens: Optional[Tensor], seg: int) -> int:
+    """Segment rows of the maps (``[rows, H, BK, BK]``), from the shapes alone: ``B * cdiv(T, seg)``, or the
+    bound ``varlen.max_chunks`` of the packed layout."""
+    B, T = k.shape[:2]
+    return B * cdiv(T, seg) if cu_seqlens is None else max_chunks(T, sequences(k, cu_seqlens), seg)
 
 
 @triton.jit
@@ -108,15 +120,16 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
                         SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr,
                         PREC: tl.constexpr):
     """Grid (segment rows, B*H): the segment's map to ``amap [rows, H, BK, BK]`` (Delta), ``bmap [rows, H, BK]``
-    and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: ``x`` is Tinv^T, ``a``
-    the precompute's ``a``, ``v`` fsum (rows as the checkpoints), groups backwards; a segment with a flagged chunk
-    is skipped (the carry runs it serially). The carries never apply the map of a sequence's last segment (forward)
-    or first segment (adjoint), so those are not built (a sequence of one segment builds none)."""
+    and ``alpha [rows, H]``. Forward: ``x`` is M, ``v`` w0, groups in order. ``ADJOINT``: only ``bmap`` (b') and
+    ``alpha``; ``x`` is Tinv^T, ``a`` the precompute's ``a``, ``v`` fsum (rows as the checkpoints), groups
+    backwards; a segment with a flagged chunk is skipped (the carry runs it serially). Maps nothing applies are not
+    built: the forward carry never applies a sequence's last segment's, the adjoint carry never its first's (the
+    forward builds that one for the adjoint, unless the sequence is one segment)."""
     seq, bos, eos, start, n, row, h = segment_program(cu_ptr, table_ptr, T, NS, H, SEG, VARLEN)
     if ADJOINT:
         used = start > bos
     else:
-        used = start + n < eos
+        used = (start > bos) | (start + n < eos)
     if (n > 0) & used:
         NG: tl.constexpr = C // G
         slot = bos // C + seq
@@ -127,7 +140,8 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
         if clean:
             ci = tl.arange(0, G)
             offs = tl.arange(0, BK)
-            delta = tl.zeros([BK, BK], tl.float32)
+            if not ADJOINT:
+                delta = tl.zeros([BK, BK], tl.float32)
             alpha = tl.full([], 1.0, tl.float32)
             b = tl.zeros([BK], tl.float32)
             ngs = (n + G - 1) // G
@@ -148,23 +162,22 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
                 E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
                 if ADJOINT:                                    # X = Mbc = diag(a) Tinv^T diag(E)
                     X = tl.load(a_ptr + rows * H + h, mask=mrow, other=0.0)[:, None] * X * E[None, :]
-                # W = -X S A = -(alpha X S + X (S Delta))
-                SD = tl.dot(s, delta, input_precision=PREC)
-                W = -(alpha * tl.dot(X, s, input_precision=PREC) + tl.dot(X, SD, input_precision=PREC))
                 pb = tl.sum(s * b[None, :], 1)
                 wb = -tl.sum(X * pb[None, :], 1)
                 if ADJOINT:
-                    sl = s
                     fsum = tl.load(v_ptr + ((NG * slot + g_first + i) * H + h) * BK + offs)
                     b = ee * b + fsum + tl.sum(wb[:, None] * s, 0)
                 else:
-                    sl = E[:, None] * s
+                    # W = -X S A = -(alpha X S + X (S Delta)); A <- exp(Gam_end) A + (E S)^T W
+                    SD = tl.dot(s, delta, input_precision=PREC)
+                    W = -(alpha * tl.dot(X, s, input_precision=PREC) + tl.dot(X, SD, input_precision=PREC))
                     w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
                     b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
-                delta = tl.dot(tl.trans(sl), W, acc=ee * delta, input_precision=PREC)
+                    delta = tl.dot(tl.trans(E[:, None] * s), W, acc=ee * delta, input_precision=PREC)
                 alpha = alpha * ee
             base = row * H + h
-            tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
+            if not ADJOINT:
+                tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
             tl.store(bmap_ptr + base * BK + offs, b)
             tl.store(alpha_ptr + base, alpha)
 
@@ -218,8 +231,9 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
                                   SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """Grid (N, H), adjoint: segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
     segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others but the first apply their
-    map. The gradient at the sequence's start goes to ``dd0`` where the sequence is empty or its first segment
-    ran here; otherwise the first segment's adjoint chain writes it."""
+    map (``amap``: the forward's Delta, applied transposed; ``bmap``: b'). The gradient at the sequence's start
+    goes to ``dd0`` where the sequence is empty or its first segment ran here; otherwise the first segment's
+    adjoint chain writes it."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -237,7 +251,7 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
         if segment_clean(flag_ptr, slot, j * (SEG // C), nt, h, H, SEG, C):
             if j > 0:
                 A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
-                g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[None, :], 1) + tl.load(bmap_ptr + base * BK + offs)
+                g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[:, None], 0) + tl.load(bmap_ptr + base * BK + offs)
         else:
             g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
                                fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
@@ -278,33 +292,36 @@ def _segment_adjoint_kernel(dkt_ptr, k_ptr, beta_ptr, r_ptr, cu_ptr, table_ptr, 
                 tl.store(dd0_ptr + (seq * H + h) * K + offs, g, mask=offs < K)
 
 
-def _segment_maps(k, retention, cu_seqlens, x, a, v, flags, seg: int, adjoint: bool):
-    """Layout, the maps of every segment (``_segment_map_kernel``), a ``[slots, H, BK]`` buffer for the state at
-    each segment boundary, and the launch arguments both directions share."""
+def _segment_maps(k, retention, cu_seqlens, x, a, v, flags, amap, seg: int, adjoint: bool):
+    """Layout, the maps of every segment (``_segment_map_kernel``; forward: Delta to ``amap``, ``[map_rows, H,
+    BK, BK]`` fp32) as ``(bmap, alpha, a [map_rows, H, BK] buffer for the state at each segment boundary)``, and the
+    launch arguments both directions share."""
     B, T, H, K = k.shape
     BK = block_k(K)
     assert seg % CHUNK == 0
     lay = chunk_layout(cu_seqlens, B, T, seg)              # "chunks" of seg tokens: the segments
-    slots = lay.n_chunks if lay.varlen else B * lay.NT
+    slots = map_rows(k, cu_seqlens, seg)
+    assert amap.shape == (slots, H, BK, BK), amap.shape
     f32 = dict(dtype=torch.float32, device=k.device)
-    amap, bmap = torch.empty(slots, H, BK, BK, **f32), torch.empty(slots, H, BK, **f32)
-    alpha, bound = torch.empty(slots, H, **f32), torch.empty(slots, H, BK, **f32)
+    bmap, alpha, bound = (torch.empty(slots, H, BK, **f32), torch.empty(slots, H, **f32),
+                          torch.empty(slots, H, BK, **f32))
     cu = cu_seqlens if cu_seqlens is not None else k
     table = lay.table if lay.table is not None else k
     r = retention if retention is not None else k
     common = dict(HAS_R=retention is not None, VARLEN=cu_seqlens is not None, SEG=seg, BK=BK)
     _segment_map_kernel[(lay.n_chunks, B * H)](k, r, x, a, v, cu, table, flags, amap, bmap, alpha, T, lay.NT, H, K,
                                              ADJOINT=adjoint, C=CHUNK, G=GROUP, PREC=precompute_precision(k),
-                                             num_warps=MAP_WARPS, **common)
-    maps = (amap, bmap, alpha, bound)
+                                             num_warps=MAP_WARPS[adjoint], **common)
+    maps = (bmap, alpha, bound)
     return lay, maps, dict(cu=cu, table=table, r=r, first=lay.first if lay.first is not None else k), common
 
 
-def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, chain_warps: int):
+def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, amap, seg: int, chain_warps: int):
     """The forward chain in two levels (segments of ``seg`` tokens): writes ``ckpt``, ``w`` and the unclamped
-    ``dfin`` as ``precond_chain._chain_kernel`` does. ``M, w0``: the precompute's."""
+    ``dfin`` as ``precond_chain._chain_kernel`` does, and the segments' Delta to ``amap`` (for the backward).
+    ``M, w0``: the precompute's."""
     B, T, H, K = k.shape
-    lay, (amap, bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, k, w0, k, seg, False)
+    lay, (bmap, alpha, dstart), a, common = _segment_maps(k, retention, cu_seqlens, M, k, w0, k, amap, seg, False)
     _segment_carry_kernel[(sequences(k, cu_seqlens), H)](
         d0 if d0 is not None else k, a["cu"], a["first"], amap, bmap, alpha, dstart, dfin, T, lay.NT, H, K,
         HAS_D0=d0 is not None, VARLEN=common["VARLEN"], SEG=seg, BK=common["BK"], num_warps=CARRY_WARPS)
@@ -313,13 +330,13 @@ def segment_chain(k, d0, retention, cu_seqlens, M, w0, dfin, ckpt, w, seg: int, 
 
 
 def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoef, hs, fs, flags, dk, dbeta, dr, dd0,
-                    ckpt, gck, seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
+                    ckpt, gck, amap, seg: int, eta, d_min, d_max, eps, beta_aware, chain_warps: int):
     """The adjoint chain in two levels: writes ``gck``, sigma over ``hs`` (h0), ``dd0`` and the token gradients of
-    flagged chunks as ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``tt``: the forward's Tinv^T; ``acoef, hs,
-    fs``: the backward precompute's."""
+    flagged chunks as ``precond_chain._adjoint_kernel`` does (``PARALLEL``). ``tt``, ``amap``: the forward's Tinv^T
+    and segment maps; ``acoef, hs, fs``: the backward precompute's."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
-    lay, (amap, bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, tt, acoef, fs, flags, seg, True)
+    lay, (bmap, alpha, gend), a, common = _segment_maps(k, retention, cu_seqlens, tt, acoef, fs, flags, amap, seg, True)
     dr_arg = dr if retention is not None else k
     hp = (float(eta), float(d_min), float(d_max), float(eps))
     traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
