@@ -59,11 +59,12 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
 
     Two levels when K <= 128, there are at most an eighth as many (sequence, head) chains as SMs and sequences
     average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
-    the maps cost about 1.3 ns per token and head in each direction (bf16 keys), the serial chains about 50 ns
-    (forward) and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token segments): forward+backward
-    kernels 5.04 -> 2.39 ms with three-pass maps, 1.25 ms with one pass. S2 (32 chains), one-pass maps at
-    8 warps: 0.80 ms in two levels (512-token segments) against 0.59 in one, S1 (128 chains, 256-token
-    segments) 1.52 against 0.57, so they stay at one level."""
+    the forward maps cost about 1.3 ns per token and head (bf16 keys), the adjoint's offsets about 0.5 ns, the
+    serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token
+    segments): forward+backward kernels 5.04 -> 2.39 ms with three-pass maps, 1.25 ms with one pass, 1.09 with the
+    adjoint's offsets. S2 (32 chains), one-pass maps at 8 warps and adjoint maps of their own: 0.80 ms in two
+    levels (512-token segments) against 0.59 in one, S1 (128 chains, 256-token segments) 1.52 against 0.57, so
+    they stay at one level (not yet measured with the adjoint's offsets)."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
