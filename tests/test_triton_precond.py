@@ -278,7 +278,9 @@ def test_two_level_choice(monkeypatch):
     k = lambda B, T, H: torch.empty(B, T, H, 128, device="meta")
     assert segments.segment_tokens(k(1, 32768, 8), None) == 1024       # S3
     assert segments.segment_tokens(k(2, 16384, 8), None) == 1024
-    assert segments.segment_tokens(k(4, 4096, 8), None) == 0           # S2: 32 chains
+    assert segments.segment_tokens(k(4, 4096, 8), None) == 512         # S2: 32 chains
+    assert segments.segment_tokens(k(4, 2048, 8), None) == 256
+    assert segments.segment_tokens(k(5, 4096, 8), None) == 0           # 40 chains
     assert segments.segment_tokens(k(8, 2048, 16), None) == 0          # S1: 128 chains
     assert segments.segment_tokens(k(2, 1024, 4), None) == 0           # short sequences
     assert segments.segment_tokens(torch.empty(1, 32768, 8, 256, device="meta"), None) == 0     # K = 256

@@ -57,18 +57,17 @@ CARRY_WARPS = 4
 def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     """Segment length of the two-level chains, or 0 for the one-level chains.
 
-    Two levels when K <= 128, there are at most an eighth as many (sequence, head) chains as SMs and sequences
+    Two levels when K <= 128, there are at most a quarter as many (sequence, head) chains as SMs and sequences
     average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
     the forward maps cost about 1.3 ns per token and head (bf16 keys), the adjoint's offsets about 0.5 ns, the
-    serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. S3 (8 chains, 1024-token
-    segments): forward+backward kernels 5.04 -> 2.39 ms with three-pass maps, 1.25 ms with one pass, 1.09 with the
-    adjoint's offsets. S2 (32 chains), one-pass maps at 8 warps and adjoint maps of their own: 0.80 ms in two
-    levels (512-token segments) against 0.59 in one, S1 (128 chains, 256-token segments) 1.52 against 0.57, so
-    they stay at one level (not yet measured with the adjoint's offsets)."""
+    serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. Forward+backward kernels, ms:
+    S3 (8 chains, 1024-token segments) 5.04 in one level, 1.09 in two; S2 (32 chains, 512-token segments) 0.587
+    in one level, 0.529 in two (0.540 with 256-token segments, 0.655 with 1024); S1 (128 chains) 0.574 in one
+    level, 0.88 in two with 256- or 512-token segments, so it stays at one."""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
-    if N * H == 0 or N * H > sms // 8 or K > 128:       # a [256, 256] fp32 map would not fit in registers
+    if N * H == 0 or N * H > sms // 4 or K > 128:       # a [256, 256] fp32 map would not fit in registers
         return 0
     seg = max(256, next_pow2(cdiv(B * T * H, 2 * sms)))
     return seg if B * T // N >= 8 * seg else 0
