@@ -24,10 +24,12 @@ Tinv^T diag(e)``, formed per group from the forward's ``Tinv^T``) backwards: ``g
 linear part is the transpose of the forward's map (``Mbc``'s terms are ``M``'s transposed), so the forward keeps
 its ``Delta`` for the backward (``map_rows``; ``precond_fwd.residuals``) and the adjoint's map kernel forms only
 the offset ``b'`` (the adjoint chain from ``g_end = 0``), a vector per group instead of a ``[BK, BK]`` product:
-on S3 (H200, bf16) the adjoint's maps took 0.327 ms and its offsets take 0.124. A segment with a chunk that the
-forward ran token by token has no affine map: the carry runs the serial adjoint through it (token by token in the
-flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment pass skips it. The gradient of
-``d0`` comes from the first segment's chain (or from the carry where it ran that segment).
+on S3 (H200, bf16) the adjoint's maps took 0.327 ms, its offsets 0.124 in a plain loop and 0.054 with the
+adjoint chain's software-pipelined step (``segment_offset``; S2 0.064 -> 0.028, outputs bitwise equal). A
+segment with a chunk that the forward ran token by token has no affine map: the carry runs the serial adjoint
+through it (token by token in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment
+pass skips it. The gradient of ``d0`` comes from the first segment's chain (or from the carry where it ran that
+segment).
 """
 from __future__ import annotations
 
@@ -41,15 +43,15 @@ from torch import Tensor
 from . import asym_chunks
 from .asym_chunks import chunk_layout, chunk_span
 from .host_math import cdiv, next_pow2
-from .precond_chain import adjoint_groups, chain_groups
+from .precond_chain import ADJOINT_STAGES, adjoint_groups, adjoint_raw, adjoint_step, chain_groups
 from .precond_parallel import group_logs, load_keys, precompute_precision
 from .precond_tokens import CHUNK, GROUP, block_k, load_d0, sequence_bounds, sequences
 from .varlen import max_chunks
 
 #: warps of the map kernel, forward (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
 #: 4 / 8 / 16 warps with three-pass products, 0.661 / 1.010 ms at 4 / 8 with one pass) and adjoint (offsets only:
-#: S3 0.124 / 0.131 / 0.129 ms at 1 / 2 / 4 warps), and of the carries (S3 adjoint carry 0.060 ms at 4 warps, 0.144
-#: at 1)
+#: S3 0.124 / 0.131 / 0.129 ms at 1 / 2 / 4 warps before its loop was pipelined), and of the carries (S3 adjoint
+#: carry 0.060 ms at 4 warps, 0.144 at 1)
 MAP_WARPS = {False: 4, True: 1}
 CARRY_WARPS = 4
 
@@ -59,11 +61,12 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
 
     Two levels when K <= 128, there are at most a quarter as many (sequence, head) chains as SMs and sequences
     average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
-    the forward maps cost about 1.3 ns per token and head (bf16 keys), the adjoint's offsets about 0.5 ns, the
+    the forward maps cost about 1.3 ns per token and head (bf16 keys), the adjoint's offsets about 0.2 ns, the
     serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. Forward+backward kernels, ms:
     S3 (8 chains, 1024-token segments) 5.04 in one level, 1.09 in two; S2 (32 chains, 512-token segments) 0.587
     in one level, 0.529 in two (0.540 with 256-token segments, 0.655 with 1024); S1 (128 chains) 0.574 in one
-    level, 0.88 in two with 256- or 512-token segments, so it stays at one."""
+    level, 0.88 in two with 256- or 512-token segments, so it stays at one. (Before the adjoint's offsets were
+    pipelined; since then S3 takes 1.02 and S2 0.50 in two levels.)"""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
@@ -114,6 +117,25 @@ def segment_clean(flag_ptr, slot, j0, n, h, H, SEG: tl.constexpr, C: tl.constexp
     return tl.max(fl, 0) == 0
 
 
+@triton.jit
+def segment_offset(k_ptr, tt_ptr, a_ptr, r_ptr, fs, start, n, h, H, K, HAS_R: tl.constexpr, G: tl.constexpr,
+                   BK: tl.constexpr):
+    """The adjoint map's offset ``b'`` and ``alpha`` of the segment ``[start, start + n)``: the adjoint chain's
+    step (``precond_chain.adjoint_step``) from a zero gradient at its end, groups backwards, with its loads
+    software-pipelined as the chain's are (``fs``: the segment's first group's fsum row)."""
+    b = tl.zeros([BK], tl.float32)
+    alpha = tl.full([], 1.0, tl.float32)
+    ngs = (n + G - 1) // G
+    for ii in tl.range(0, ngs, num_stages=ADJOINT_STAGES):
+        i = ngs - 1 - ii
+        kv, tt, a, _, r, f = adjoint_raw(k_ptr, tt_ptr, a_ptr, a_ptr, r_ptr, fs, start, start + n, i, h, H, K, HAS_R,
+                                         G, BK)
+        b, _ = adjoint_step(b, kv, tt, a, a, r, f, HAS_R, G)
+        if HAS_R:
+            alpha = alpha * tl.exp(tl.sum(tl.log(r), 0))
+    return b, alpha
+
+
 @triton.jit(do_not_specialize=["T", "NS"])
 def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, flag_ptr, amap_ptr, bmap_ptr, alpha_ptr,
                         T, NS, H, K, HAS_R: tl.constexpr, VARLEN: tl.constexpr, ADJOINT: tl.constexpr,
@@ -138,43 +160,33 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
         else:
             clean = True
         if clean:
-            ci = tl.arange(0, G)
             offs = tl.arange(0, BK)
-            if not ADJOINT:
+            if ADJOINT:
+                fs = v_ptr + ((NG * slot + (start - bos) // G) * H + h) * BK
+                b, alpha = segment_offset(k_ptr, x_ptr, a_ptr, r_ptr, fs, start, n, h, H, K, HAS_R, G, BK)
+            else:
+                ci = tl.arange(0, G)
                 delta = tl.zeros([BK, BK], tl.float32)
-            alpha = tl.full([], 1.0, tl.float32)
-            b = tl.zeros([BK], tl.float32)
-            ngs = (n + G - 1) // G
-            g_first = (start - bos) // G                       # the segment's first group in its sequence
-            for ii in range(0, ngs):
-                if ADJOINT:
-                    i = ngs - 1 - ii
-                else:
-                    i = ii
-                rows = start + i * G + ci
-                mrow = (i * G + ci) < n
-                kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-                s = kv * kv
-                X = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-                r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-                lg_end = tl.sum(lgi - lg, 0)
-                ee = tl.exp(lg_end)
-                E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
-                if ADJOINT:                                    # X = Mbc = diag(a) Tinv^T diag(E)
-                    X = tl.load(a_ptr + rows * H + h, mask=mrow, other=0.0)[:, None] * X * E[None, :]
-                pb = tl.sum(s * b[None, :], 1)
-                wb = -tl.sum(X * pb[None, :], 1)
-                if ADJOINT:
-                    fsum = tl.load(v_ptr + ((NG * slot + g_first + i) * H + h) * BK + offs)
-                    b = ee * b + fsum + tl.sum(wb[:, None] * s, 0)
-                else:
+                alpha = tl.full([], 1.0, tl.float32)
+                b = tl.zeros([BK], tl.float32)
+                for i in range(0, (n + G - 1) // G):
+                    rows = start + i * G + ci
+                    mrow = (i * G + ci) < n
+                    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+                    s = kv * kv
+                    X = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
+                    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+                    lg_end = tl.sum(lgi - lg, 0)
+                    ee = tl.exp(lg_end)
+                    E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
+                    wb = -tl.sum(X * tl.sum(s * b[None, :], 1)[None, :], 1)
                     # W = -X S A = -(alpha X S + X (S Delta)); A <- exp(Gam_end) A + (E S)^T W
                     SD = tl.dot(s, delta, input_precision=PREC)
                     W = -(alpha * tl.dot(X, s, input_precision=PREC) + tl.dot(X, SD, input_precision=PREC))
                     w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
                     b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
                     delta = tl.dot(tl.trans(E[:, None] * s), W, acc=ee * delta, input_precision=PREC)
-                alpha = alpha * ee
+                    alpha = alpha * ee
             base = row * H + h
             if not ADJOINT:
                 tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
