@@ -81,7 +81,8 @@ def workload(largest=False):
     """Every op forward and backward, per (K, V), dtype, gate and layout (precond_scan also as the benchmarks call
     it: dense, without d0 and retention, the backward from the forward's residuals, and on one 2048-token sequence,
     which runs its two-level chains where the SM count allows); ``largest``: only the biggest
-    half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first."""
+    half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first, and those of the
+    two-level chains (K = 128)."""
     import osdn_ops.triton as ot
     from osdn_ops.triton import asym_chunks
     os.environ.pop("TRITON_INTERPRET")  # kernels are defined: now pick operand types as on a GPU
@@ -111,14 +112,21 @@ def _ops(ot, largest):
                     0.5, 0.5, 2.0, 1e-6, True)
             kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
             ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
+        if largest and K == 256:    # the two-level chains' biggest tiles: K = 128 (wider keys run one level)
+            _two_level(ot, 128, dtype)
         if not largest:     # as the benchmarks call it: dense, no d0 or retention, the backward from the residuals
             p = precond_problem(B=2, T=130, H=2, K=K, dtype=dtype, d0=False, retention=False, requires_grad=True)
             kt, d = ot.precond_scan(p["k"], p["beta"])
             torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
-            # one long sequence: the two-level chains (precond_segments) where the SM count allows them
-            p = precond_problem(B=1, T=2048, H=1, K=K, dtype=dtype, requires_grad=True)
-            kt, d = ot.precond_scan(p["k"], p["beta"], d0=p["d0"], retention=p["retention"])
-            torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
+            _two_level(ot, K, dtype)
+
+
+def _two_level(ot, K, dtype):
+    """precond_scan on one long sequence: the two-level chains (precond_segments) where the SM count allows them."""
+    from tests.inputs import precond_problem
+    p = precond_problem(B=1, T=2048, H=1, K=K, dtype=dtype, requires_grad=True)
+    kt, d = ot.precond_scan(p["k"], p["beta"], d0=p["d0"], retention=p["retention"])
+    torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
 
 
 def _ptxas_usage(ptx: str) -> str:

@@ -26,11 +26,16 @@ def test_largest_variants_fit_sm90():
                          env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     assert " 0 failed" in res.stdout, res.stdout[-4000:]
-    # precond_scan's serial chains and its output pass are software-pipelined (their loads issued groups ahead,
-    # 20-25% of the chains' time on the H200): a branch inside the group loop, or key rows of unknown alignment,
-    # would silently undo that
-    pipelined = [ln for ln in res.stdout.splitlines() if " _chain_kernel " in ln or " _out_kernel " in ln
-                 or (" _adjoint_kernel " in ln and "PARALLEL=True" in ln)]
-    assert len(pipelined) >= 3, res.stdout[-4000:]
-    for line in pipelined:
-        assert int(re.search(r"async copies +(\d+)", line).group(1)) > 0, line
+    # precond_scan's serial chains, its output pass, the two-level carries and the adjoint's segment offsets are
+    # software-pipelined (their loads issued groups or segments ahead; 20-45% of those loops' time on the H200): a
+    # branch inside the loop, or key rows of unknown alignment, would silently undo that
+    lines = res.stdout.splitlines()
+    pipelined = {name: [ln for ln in lines if f" {name} " in ln and cond in ln]
+                 for name, cond in [("_chain_kernel", ""), ("_out_kernel", ""), ("_adjoint_kernel", "PARALLEL=True"),
+                                    ("_segment_chain_kernel", ""), ("_segment_adjoint_kernel", ""),
+                                    ("_segment_carry_kernel", ""), ("_segment_adjoint_carry_kernel", ""),
+                                    ("_segment_map_kernel", "ADJOINT=True")]}
+    for name, found in pipelined.items():
+        assert found, (name, res.stdout[-4000:])
+        for line in found:
+            assert int(re.search(r"async copies +(\d+)", line).group(1)) > 0, line
