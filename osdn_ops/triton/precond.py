@@ -61,8 +61,8 @@ def saved_shapes(k, cu_seqlens) -> tuple[tuple[int, ...], tuple[int, ...]]:
     int32); ``(0,)`` each where the reference kernels run (they keep nothing).
 
     Keeping them costs 100 bytes per token and head (0.39 of the bf16 keys' bytes at K = 128), and with two levels
-    ``4 BK^2 / seg`` more (64 at K = 128 and S3's 1024-token segments, 128 with S2's 512); it saves the backward a second forward
-    chain, its precompute the Gram matrices and inverses and its maps the ``[BK, BK]`` products."""
+    ``4 BK^2 / seg`` more (64 at K = 128 and S3's 1024-token segments, 128 with S2's 512); it saves the backward a
+    second forward chain, its precompute the Gram matrices and inverses and its maps the ``[BK, BK]`` products."""
     if _use_reference(k):
         return (0,), (0,)
     return (residuals(k, cu_seqlens),), (flag_slots(k, cu_seqlens), k.shape[2])
