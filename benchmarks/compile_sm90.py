@@ -112,13 +112,13 @@ def _ops(ot, largest):
                     0.5, 0.5, 2.0, 1e-6, True)
             kt, d = ot.kernels.precond_scan_fwd(*args, form=form)
             ot.kernels.precond_scan_bwd(torch.ones_like(kt), torch.ones_like(d), *args, form=form)
-        if largest and K == 256:    # the two-level chains' biggest tiles: K = 128 (wider keys run one level)
-            _two_level(ot, 128, dtype)
         if not largest:     # as the benchmarks call it: dense, no d0 or retention, the backward from the residuals
             p = precond_problem(B=2, T=130, H=2, K=K, dtype=dtype, d0=False, retention=False, requires_grad=True)
             kt, d = ot.precond_scan(p["k"], p["beta"])
             torch.autograd.backward((kt, d), (torch.ones_like(kt), torch.ones_like(d)))
             _two_level(ot, K, dtype)
+    if largest:     # the two-level chains' biggest tiles: K = 128 (wider keys run one level)
+        _two_level(ot, 128, torch.bfloat16)
 
 
 def _two_level(ot, K, dtype):

@@ -70,8 +70,8 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. Forward+backward kernels, ms:
     S3 (8 chains, 1024-token segments) 5.04 in one level, 1.09 in two; S2 (32 chains, 512-token segments) 0.587
     in one level, 0.529 in two (0.540 with 256-token segments, 0.655 with 1024); S1 (128 chains) 0.574 in one
-    level, 0.88 in two with 256- or 512-token segments, so it stays at one. (Before the adjoint's offsets were
-    pipelined; since then S3 takes 1.02 and S2 0.50 in two levels.)"""
+    level, 0.88 in two with 256- or 512-token segments, so it stays at one. (Before the adjoint's offsets and the
+    carries were pipelined; since then S3 takes 0.96 and S2 0.48 in two levels.)"""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
@@ -250,9 +250,8 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
     """Grid (N, H), adjoint: segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
     segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others but the first apply their
     map (``amap``: the forward's Delta, applied transposed; ``bmap``: b'), a run of them at a time (one search of
-    the flags per run). The gradient at the sequence's start
-    goes to ``dd0`` where the sequence is empty or its first segment ran here; otherwise the first segment's
-    adjoint chain writes it."""
+    the flags per run). The gradient at the sequence's start goes to ``dd0`` where the sequence is empty or its
+    first segment ran here; otherwise the first segment's adjoint chain writes it."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
