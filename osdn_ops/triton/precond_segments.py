@@ -65,13 +65,14 @@ def segment_tokens(k: Tensor, cu_seqlens: Optional[Tensor]) -> int:
     """Segment length of the two-level chains, or 0 for the one-level chains.
 
     Two levels when K <= 128, there are at most a quarter as many (sequence, head) chains as SMs and sequences
-    average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the H200
-    the forward maps cost about 1.3 ns per token and head (bf16 keys), the adjoint's offsets about 0.2 ns, the
-    serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence. Forward+backward kernels, ms:
-    S3 (8 chains, 1024-token segments) 5.04 in one level, 1.09 in two; S2 (32 chains, 512-token segments) 0.587
-    in one level, 0.529 in two (0.540 with 256-token segments, 0.655 with 1024); S1 (128 chains) 0.574 in one
-    level, 0.88 in two with 256- or 512-token segments, so it stays at one. (Before the adjoint's offsets and the
-    carries were pipelined; since then S3 takes 0.96 and S2 0.48 in two levels.)"""
+    average at least eight segments; segments are sized for about two programs per SM (at least 256 tokens). On the
+    H200 the forward maps cost about 1.1 ns per token and head (bf16 keys, no retention), the adjoint's offsets
+    about 0.2 ns, the serial chains about 50 ns (forward) and 80 ns (adjoint) per token of a sequence.
+    Forward+backward kernels, ms: S3 (8 chains, 1024-token segments) 5.04 in one level, 1.09 in two; S2 (32 chains,
+    512-token segments) 0.587 in one level, 0.529 in two (0.540 with 256-token segments, 0.655 with 1024); S1 (128
+    chains) 0.574 in one level, 0.88 in two with 256- or 512-token segments, so it stays at one. (Before the
+    adjoint's offsets and the carries were pipelined and the maps without retention skipped their rescale; since
+    then S3 takes 0.90 and S2 0.44 in two levels.)"""
     B, T, H, K = k.shape
     N = sequences(k, cu_seqlens)
     sms = asym_chunks._sm_count(k.device)
@@ -180,18 +181,22 @@ def _segment_map_kernel(k_ptr, r_ptr, x_ptr, a_ptr, v_ptr, cu_ptr, table_ptr, fl
                     kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
                     s = kv * kv
                     X = tl.load(x_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-                    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-                    lg_end = tl.sum(lgi - lg, 0)
-                    ee = tl.exp(lg_end)
-                    E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
                     wb = -tl.sum(X * tl.sum(s * b[None, :], 1)[None, :], 1)
                     # W = -X S A = -(alpha X S + X (S Delta)); A <- exp(Gam_end) A + (E S)^T W
                     SD = tl.dot(s, delta, input_precision=PREC)
                     W = -(alpha * tl.dot(X, s, input_precision=PREC) + tl.dot(X, SD, input_precision=PREC))
                     w0 = tl.load(v_ptr + rows * H + h, mask=mrow, other=0.0)
-                    b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
-                    delta = tl.dot(tl.trans(E[:, None] * s), W, acc=ee * delta, input_precision=PREC)
-                    alpha = alpha * ee
+                    if HAS_R:
+                        r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+                        lg_end = tl.sum(lgi - lg, 0)
+                        ee = tl.exp(lg_end)
+                        E = tl.exp(tl.minimum(lg_end - lgi, 0.0))
+                        b = ee * b + tl.sum(((w0 + wb) * E)[:, None] * s, 0)
+                        delta = tl.dot(tl.trans(E[:, None] * s), W, acc=ee * delta, input_precision=PREC)
+                        alpha = alpha * ee
+                    else:   # no retention: ee = E = alpha = 1, no rescale of the map (H200, S3: 0.346 -> 0.293 ms)
+                        b = b + tl.sum((w0 + wb)[:, None] * s, 0)
+                        delta = tl.dot(tl.trans(s), W, acc=delta, input_precision=PREC)
             base = row * H + h
             if not ADJOINT:
                 tl.store(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :], delta)
