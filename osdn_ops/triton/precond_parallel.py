@@ -20,9 +20,9 @@ so ``w = w0 - M (S d0)`` with ``w0 = Tinv c``, ``M = Tinv diag(c b exp(Gam))``, 
 * one group from ``d0`` is ``p = S d0`` (16 independent K-reductions at once), ``w = w0 - M p`` and
   ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``: three short dependent steps
   for 16 tokens, where the token loop makes 16 dependent K-reductions. The chain keeps every ``w``;
-  given ``w``, ``group_states`` forms every ``d_t`` of the group (``k_tilde``) and the pre-clamp values with a
-  cumulative sum over the group's rows (``group_outputs``: the output pass; ``group_step``: the fixup, which
-  forms ``w`` itself).
+  given ``w``, the output pass forms every ``d_t`` of the group (``k_tilde``) and the pre-clamp values a row at a
+  time (``group_outputs``), the fixup with a cumulative sum over the group's rows (``group_states`` in
+  ``group_step``, which forms ``w`` itself).
 * the chunk is exact when every pre-clamp value ``r_t d_t + w_t s_t`` of its four groups lies in
   ``[d_min, d_max]`` (NaN fails); ``advance`` checks that once per chunk and otherwise redoes the
   chunk token by token from its start. A coordinate on a bound whose pre-clamp value points outward
@@ -42,7 +42,7 @@ and ``g_start = exp(Gam_end) g_e + sum_j exp(Gam_j) Y_j`` with ``Y_j = f_j - c_j
 the gradients either: the forward's precompute keeps ``Tinv^T`` for the backward (``STORE_TT``), whose
 precompute then only forms ``a``, ``h0`` and ``fsum`` (no Gram matrix, no inverse); the chain's step is three
 short dependent reductions, and off its serial path the chain also forms ``sigma`` and keeps it. Without
-retention ``Phi_t = <s_t, sum_{j>t} f_j>``, a reverse cumulative sum (exact fp32, no product). ``group_adjoint``
+retention ``Phi_t = <s_t, sum_{j>t} f_j>``, suffix sums a row at a time (exact fp32, no product). ``group_adjoint``
 forms every ``d_t`` and ``g_{t+1}`` of the group from ``w`` and ``sigma`` (two triangular products) and the token
 gradients.
 """
@@ -101,6 +101,26 @@ def load_keys(k_ptr, rows, mrow, h, H, K, BK: tl.constexpr):
                    other=0.0).to(tl.float32)
 
 
+@triton.jit
+def suffix_products(k_ptr, dkt_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.constexpr):
+    """``phi_t = <s_t, sum_{j>t} f_j>`` (``s = k^2``, ``f = dk_tilde * k``) of tokens ``[t0, min(t0 + G, t1))`` as
+    ``[G]`` fp32 (zeros past the end), a row at a time from the last: the suffix sum is one ``[BK]`` add per row and
+    each row one K-reduction. Triton's reverse cumulative sum over the 16 rows of a one-warp ``[16, BK]`` tile
+    compiled to 760 more shuffles (sm_90, bf16, BK 128: 850 in the kernel instead of 138) and 255 registers
+    instead of 188; the rows are read again here, from L1."""
+    offs = tl.arange(0, BK)
+    ci = tl.arange(0, G)
+    acc = tl.zeros([BK], tl.float32)
+    phi = tl.zeros([G], tl.float32)
+    for i in tl.static_range(G - 1, -1, -1):
+        t = t0 + i
+        m = (offs < K) & (t < t1)
+        kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+        phi = tl.where(ci == i, tl.sum(kv * kv * acc, 0), phi)
+        acc += tl.load(dkt_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32) * kv
+    return phi
+
+
 #: warps of the precompute (one program per group) without / with the adjoint terms;
 #: benchmarks/bench_precond.py times the choices.
 PRECOMPUTE_WARPS = {False: 1, True: 1}
@@ -156,8 +176,8 @@ def _precompute_kernel(k_ptr, beta_ptr, r_ptr, dkt_ptr, cu_ptr, table_ptr, m_ptr
             F = tl.dot(s, tl.trans(f), input_precision="tf32x3")
             up = tl.exp(tl.minimum(lg[None, :] - lgi[:, None], 0.0))
             phi = tl.sum(tl.where(ci[:, None] < ci[None, :], up * F, 0.0), 1)
-        else:           # phi_t = <s_t, sum_{j>t} f_j>: a reverse cumsum, exact fp32 and no product
-            phi = tl.sum(s * (tl.cumsum(f, 0, reverse=True) - f), 1)
+        else:           # phi_t = <s_t, sum_{j>t} f_j>: exact fp32 suffix sums, no product
+            phi = suffix_products(k_ptr, dkt_ptr, start + gi * G, start + n, h, H, K, G, BK)
         a = c * bb * tl.exp(lg)
         tl.store(a_ptr + rows * H + h, a, mask=mrow)
         h0 = tl.sum(TT * phi[None, :], 1)
@@ -283,11 +303,23 @@ def store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK: tl.constexpr):
 def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
                   STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
-    chain's ``w``; returns ``bad`` of ``group_states``."""
-    rows, mrow, kv, _, _, _, D, bad = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R, True,
-                                                   "tf32x3", G, BK)
-    if STORE_KT:
-        store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK)
+    chain's ``w``, a row at a time (``d_{t+1} = r_t d_t + w_t s_t``: elementwise, no reduction and no sum over the
+    group's rows); returns ``bad`` ([BK] int32, as ``group_states``'): 1 where a pre-clamp value lies outside
+    the box or is NaN."""
+    offs = tl.arange(0, BK)
+    bad = tl.zeros([BK], tl.int32)
+    for i in tl.static_range(G):
+        t = t0 + i
+        m = (offs < K) & (t < t1)
+        kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + t * H + h, mask=t < t1, other=0.0)
+        if STORE_KT:
+            tl.store(kt_ptr + (t * H + h) * K + offs, (d * kv).to(kt_ptr.dtype.element_ty), mask=m)
+        if HAS_R:
+            d = tl.load(r_ptr + t * H + h, mask=t < t1, other=1.0).to(tl.float32) * d + w * kv * kv
+        else:
+            d = d + w * kv * kv
+        bad = bad | tl.where(((d >= d_min) & (d <= d_max)) | ~m, 0, 1)
     return bad
 
 
