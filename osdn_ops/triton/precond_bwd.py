@@ -9,9 +9,10 @@ chain wrote anyway: ``d`` at every 16-token group start (``[4 * slots, H, BK]`` 
 bf16 keys' bytes), every token's ``w`` (``[B*T, H]`` fp32, 4 bytes a token and head), every group's
 ``Tinv^T`` (``[B*T, H, 16]`` fp32, a quarter of the keys' bytes), with two-level chains every segment's map
 (``precond_segments``: the adjoint's maps are their transposes) and which chunks ran token by token
-(``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with a cumulative sum,
-and its precompute needs no Gram matrix or inverse. Without them (``saved=None``) the forward runs again
-(``precond_fwd``, same form, no ``k_tilde``). Then, in the chunk-parallel form:
+(``saved``); the backward rebuilds every ``d_t`` of a group from its checkpoint and ``w`` with a triangular
+product (``precond_parallel.group_adjoint``), and its precompute needs no Gram matrix or inverse. Without them
+(``saved=None``) the forward runs again (``precond_fwd``, same form, no ``k_tilde``). Then, in the chunk-parallel
+form:
 
 1. the precompute of the adjoint terms (``precond_parallel``, parallel over groups; ``Tinv`` and the forward's
    ``M`` and ``w0`` only when the forward runs again);

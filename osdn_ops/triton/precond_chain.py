@@ -10,7 +10,7 @@ Notation of ``precond_parallel``. Per group, with ``s_t = k_t^2`` and ``e_t = ex
 
 Each is three short dependent reductions. The forward chain applies no clamp: it writes ``d`` at every
 group start (``ckpt``), every token's ``w`` and a provisional ``d_final``; the output pass (``precond_fwd``)
-forms each group's ``d_t`` from its checkpoint and ``w`` (a cumulative sum, no reduction over K), writes
+forms each group's ``d_t`` from its checkpoint and ``w`` (row by row, no reduction over K), writes
 ``k_tilde`` and flags the chunks whose pre-clamp values leave the box, and a fixup pass reruns each sequence
 from its first flagged chunk. The adjoint chain writes the gradient at every group end (``gck``, same rows as
 ``ckpt``) and every token's ``sigma`` for the parallel adjoint pass, and runs chunks the forward flagged token

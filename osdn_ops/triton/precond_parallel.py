@@ -234,7 +234,7 @@ def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexp
     """Every ``d_t`` of a group in the parallel form, from ``d`` ([BK] fp32) at its start and its ``w`` ([G],
     zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``r, lg, lgi`` from ``group_logs``. The in-group sums
     are a triangular product (``tl.dot``, input precision ``PREC``) or, with ``CUMSUM`` and no retention, a
-    cumulative sum (exact fp32; the cheaper of the two in the output pass, the dearer in the adjoint pass).
+    cumulative sum (exact fp32; the fixup's, ``group_step``; the dearer of the two in the adjoint pass).
 
     Returns ``(D [G, BK] with d_t per row, d_end [BK], bad [BK] int32)``; they hold only where ``bad`` is 0
     everywhere (no pre-clamp value outside the box, nothing NaN).
