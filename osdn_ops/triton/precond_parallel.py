@@ -277,21 +277,6 @@ def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HA
 
 
 @triton.jit
-def group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr, CUMSUM: tl.constexpr,
-                 PREC: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """A group's rows ``[t0, min(t0 + G, t1))`` rebuilt from ``d`` at its start and the chain's ``w`` (``w_ptr``,
-    rows as the keys'): ``(rows, mrow, keys [G, BK] fp32, r, lg, lgi, D, bad)`` (``group_logs``, ``group_states``
-    with ``CUMSUM`` and ``PREC``)."""
-    rows = t0 + tl.arange(0, G)
-    mrow = rows < t1
-    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-    w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    D, _, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, CUMSUM, PREC, G, BK)
-    return rows, mrow, kv, r, lg, lgi, D, bad
-
-
-@triton.jit
 def store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK: tl.constexpr):
     """``k_tilde = d_t * k_t`` of a group's rows (``D``, ``kv`` [G, BK]) in ``kt_ptr``'s dtype."""
     offs = tl.arange(0, BK)
@@ -374,8 +359,12 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
     cumulative, 0.141 / 0.072 / 0.148 with both products (either one alone was slower than none)."""
     ci = tl.arange(0, G)
     offs = tl.arange(0, BK)
-    rows, mrow, kv, r, lg, lgi, D, _ = group_from_w(d, k_ptr, r_ptr, w_ptr, t0, t1, h, H, K, 0.0, 0.0, HAS_R, False,
-                                                    PREC, G, BK)
+    rows = t0 + ci
+    mrow = rows < t1
+    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
+    w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
+    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    D, _, _ = group_states(d, kv, w, r, lg, lgi, mrow, K, 0.0, 0.0, HAS_R, False, PREC, G, BK)
     sigma = tl.load(sig_ptr + rows * H + h, mask=mrow, other=0.0)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
