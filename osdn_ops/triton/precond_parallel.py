@@ -56,7 +56,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import ChunkLayout, chunk_layout, chunk_span
-from .precond_tokens import CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, scan_tokens, token_coefs
+from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, load_row, scan_tokens,
+                             token_coefs)
 from .triangular import unit_lower_inverse
 
 
@@ -115,9 +116,9 @@ def suffix_products(k_ptr, dkt_ptr, t0, t1, h, H, K, G: tl.constexpr, BK: tl.con
     for i in tl.static_range(G - 1, -1, -1):
         t = t0 + i
         m = (offs < K) & (t < t1)
-        kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+        kv = load_row(k_ptr, t, h, H, K, offs, m)
         phi = tl.where(ci == i, tl.sum(kv * kv * acc, 0), phi)
-        acc += tl.load(dkt_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32) * kv
+        acc += load_row(dkt_ptr, t, h, H, K, offs, m) * kv
     return phi
 
 
@@ -296,7 +297,7 @@ def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max,
     for i in tl.static_range(G):
         t = t0 + i
         m = (offs < K) & (t < t1)
-        kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+        kv = load_row(k_ptr, t, h, H, K, offs, m)
         w = tl.load(w_ptr + t * H + h, mask=t < t1, other=0.0)
         if STORE_KT:
             tl.store(kt_ptr + (t * H + h) * K + offs, (d * kv).to(kt_ptr.dtype.element_ty), mask=m)

@@ -57,12 +57,19 @@ def decay_logs(r, HAS_R: tl.constexpr, G: tl.constexpr):
 
 
 @triton.jit
+def load_row(ptr, t, h, H, K, offs, mask):
+    """Row ``[BK]`` of token ``t`` (int64), head ``h`` of a ``[B,T,H,K]`` tensor (keys, ``dk_tilde``) as fp32, zeros
+    where ``mask`` is false."""
+    return tl.load(ptr + (t * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr, valid=True):
     """Key ``[BK]`` (fp32, zero-padded), beta and retention of token ``t`` (int64), head ``h``.
 
     Nothing is read where ``valid`` is false (zeros, retention 1).
     """
-    kv = tl.load(k_ptr + (t * H + h) * K + offs, mask=(offs < K) & valid, other=0.0).to(tl.float32)
+    kv = load_row(k_ptr, t, h, H, K, offs, (offs < K) & valid)
     b = tl.load(beta_ptr + t * H + h, mask=valid, other=0.0).to(tl.float32)
     if HAS_R:
         r = tl.load(r_ptr + t * H + h, mask=valid, other=1.0).to(tl.float32)
@@ -145,7 +152,7 @@ def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R:
     valid = t >= t0
     dt = tl.load(traj + (t - t0) * BK + offs, mask=valid, other=0.0)
     kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, valid)
-    gkt = tl.load(dkt_ptr + (t * H + h) * K + offs, mask=(offs < K) & valid, other=0.0).to(tl.float32)
+    gkt = load_row(dkt_ptr, t, h, H, K, offs, (offs < K) & valid)
     return dt, kv, b, r, gkt
 
 
