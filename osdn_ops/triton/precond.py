@@ -15,7 +15,7 @@ Two forms (``form``):
   steps per 16 tokens instead of 16 dependent K-reductions (``precond_chain``); a parallel pass forms
   ``k_tilde`` from the chain's checkpoints and per-token ``w`` and flags the chunks where a clamp fires (or
   that start with a coordinate pinned on a bound and pointing outward), and a fixup redoes each sequence from its
-  first flagged chunk, token by token where needed (``precond_fwd``). The backward's adjoint runs the
+  first flagged chunk, token by token (``precond_fwd``). The backward's adjoint runs the
   same way (``precond_bwd``).
 * ``"tokens"``: one program per (sequence, head), token by token (``precond_tokens``).
 

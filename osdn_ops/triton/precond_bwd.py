@@ -36,8 +36,8 @@ from .precond_chain import _adjoint_kernel
 from . import precond_fwd
 from . import precond_segments as segments
 from .precond_fwd import forward_pass
-from .precond_parallel import chunk_program, group_adjoint, num_warps, precompute, precompute_precision
-from .precond_tokens import CHUNK, GROUP, block_k, sequences
+from .precond_parallel import chunk_program, group_adjoint, precompute, precompute_precision
+from .precond_tokens import CHUNK, GROUP, block_k, sequences, token_warps
 
 
 @triton.jit(do_not_specialize=["T", "NT"])
@@ -114,7 +114,7 @@ def backward(dk_tilde, dd_final, k, beta, d0, retention, cu_seqlens, eta, d_min,
             dk_tilde, dd_final.contiguous(), k, beta, opt["r"], opt["cu"], tt, a, h0, fs,
             flags if parallel else dummy, dk, dbeta, opt["dr"], dd0, ckpt, gck, traj,
             T, H, K, float(eta), float(d_min), float(d_max), float(eps), PARALLEL=bool(parallel), C=CHUNK, G=GROUP,
-            BK=BK, num_warps=precond_fwd.chain_warps(BK) if parallel else num_warps(BK, False), **flags_v)
+            BK=BK, num_warps=precond_fwd.chain_warps(BK) if parallel else token_warps(BK), **flags_v)
     if parallel:                            # h0 now holds sigma (the adjoint chain wrote it over h0)
         _adjoint_out_kernel[(lay.n_chunks, B * H)](
             dk_tilde, k, beta, opt["r"], opt["cu"], lay.table if lay.table is not None else dummy, w, h0, flags, ckpt,

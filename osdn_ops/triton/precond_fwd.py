@@ -5,8 +5,8 @@ chain (``precond_chain``, serial: ``d`` at every group start and every token's `
 for few long sequences, ``precond_segments``), the output pass (parallel over
 chunks: each group's ``d_t`` from its checkpoint and ``w``, ``k_tilde``, and a flag on every chunk where a
 pre-clamp value leaves the box) and the fixup (serial, usually idle: from a sequence's first flagged
-chunk on, where the unclamped chain is wrong, the per-chunk parallel form with the token loop as its
-fallback, rewriting ``k_tilde``, checkpoints, flags and ``d_final``). Token form: one serial launch.
+chunk on, where the unclamped chain is wrong, the token loop, rewriting ``k_tilde``, checkpoints, ``w``, flags
+and ``d_final``). Token form: one serial launch.
 
 Also the first pass of the backward: there it writes no ``k_tilde``, only the checkpoints and flags.
 """
@@ -21,9 +21,9 @@ import triton.language as tl
 from . import precond_segments as segments
 from .asym_chunks import chunk_layout
 from .precond_chain import _chain_kernel
-from .precond_parallel import advance, chunk_program, group_outputs, num_warps, precompute
+from .precond_parallel import chunk_program, group_outputs, precompute
 from .precond_tokens import (CHUNK, GROUP, block_k, flag_slots, flagged_chunk, load_d0, scan_tokens, sequence_bounds,
-                             sequences)
+                             sequences, token_warps)
 
 #: warps of the serial chains (forward and adjoint, one level or per segment), the output pass and the backward's
 #: adjoint pass (benchmarks/bench_precond.py). Chain kernel ms at 4 -> 1 warps (H200, bf16, profiler, 20:04 UTC
@@ -64,15 +64,19 @@ def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_p
 
 
 @triton.jit(do_not_specialize=["T"])
-def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr,
-                        w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
+def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr, w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                         STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                         BK: tl.constexpr):
-    """Grid (N, H). ``PARALLEL``: the fixup (nothing to do unless a chunk of the sequence is flagged; chunk
-    j's flag at row ``slot + j`` with ``slot = bos // C + n``, rewritten: 1 where the token loop ran).
-    Otherwise the whole token loop. ``STORE_CKPT``: ``d`` at the start of chunk j's group i to
-    ``ckpt[4 * (slot + j) + i, h, :BK]`` (and, in the fixup, the tokens' ``w`` of the chunks that pass)."""
+    """Grid (N, H), the token loop (``scan_tokens``). ``PARALLEL``: the fixup, from the sequence's first flagged
+    chunk on (nothing to do where none is; chunk j's flag at row ``slot + j`` with ``slot = bos // C + n``), rewriting
+    ``k_tilde``, the checkpoints, every token's ``w`` and the flags (1 where a clamp fired). Otherwise the whole
+    sequence. ``STORE_CKPT``: ``d`` at the start of chunk j's group i to ``ckpt[4 * (slot + j) + i, h, :BK]``.
+
+    The fixup ran the chunk-parallel form chunk by chunk (at 8 warps, for its [16, K] tiles), with the token loop
+    where a chunk failed its check. H200, bf16, kernel ms (09:55 UTC 2026-12-02), before / now (one warp): S1-clamp
+    (80% of chunks flagged) 1.061 / 0.308; every sequence's first chunk flagged, so that it reruns every chunk, S1
+    0.370 / 0.329, S2 0.711 / 0.650."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -83,18 +87,15 @@ def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, m_ptr, w0_ptr, k
         nchunks = (eos - bos + C - 1) // C
         first = flagged_chunk(flag_ptr, slot, 0, nchunks, h, H, False, 64)
         if first < nchunks:
-            d = tl.load(ckpt + first * (C // G) * H * BK + offs)
-            for t0 in range(bos + first * C, eos, C):
-                row = slot + (t0 - bos) // C
-                d, fell_back = advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr,
-                                       ckpt + (t0 - bos) // G * H * BK, w_ptr, t0, tl.minimum(t0 + C, eos), h, H, K,
-                                       eta, d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, STORE_CKPT, C, G, BK)
-                tl.store(flag_ptr + row * H + h, fell_back)
+            ck = ckpt + first * (C // G) * H * BK
+            d = scan_tokens(tl.load(ck + offs), k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ck, w_ptr,
+                            flag_ptr + (slot + first) * H + h, bos + first * C, eos, h, H, K, eta, d_min, d_max, eps,
+                            HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, True, C, G, BK)
             tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
     else:
         d = load_d0(d0_ptr, n, h, H, K, HAS_D0, BK)
-        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt, bos, eos, h, H, K, eta, d_min, d_max, eps,
-                        HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, G, BK)
+        d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt, w_ptr, flag_ptr, bos, eos, h, H, K, eta,
+                        d_min, d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, False, C, G, BK)
         tl.store(dfin_ptr + (n * H + h) * K + offs, d, mask=offs < K)
 
 
@@ -177,12 +178,10 @@ def forward_pass(k, beta, d0, retention, cu_seqlens, eta, d_min, d_max, eps, bet
             kt if store_kt else dummy, flags, T, lay.NT, H, K, float(d_min), float(d_max),
             HAS_R=retention is not None, VARLEN=cu_seqlens is not None, STORE_KT=store_kt, C=CHUNK, G=GROUP, BK=BK,
             num_warps=OUT_WARPS)
-    else:
-        M = w0 = dummy
     _precond_fwd_kernel[(N, H)](
-        k, beta, opt["d0"], opt["r"], opt["cu"], M, w0, kt if store_kt else dummy, dfin, flags_arg,
+        k, beta, opt["d0"], opt["r"], opt["cu"], kt if store_kt else dummy, dfin, flags_arg,
         ckpt if ckpt is not None else dummy, w if w is not None else dummy, T, H, K, float(eta), float(d_min),
         float(d_max), float(eps), HAS_D0=d0 is not None, HAS_R=retention is not None, VARLEN=cu_seqlens is not None,
         BETA_AWARE=bool(beta_aware), PARALLEL=bool(parallel), STORE_KT=store_kt, STORE_CKPT=ckpt is not None,
-        C=CHUNK, G=GROUP, BK=BK, num_warps=num_warps(BK, parallel))
+        C=CHUNK, G=GROUP, BK=BK, num_warps=token_warps(BK))
     return kt, dfin, flags, res

@@ -21,12 +21,12 @@ so ``w = w0 - M (S d0)`` with ``w0 = Tinv c``, ``M = Tinv diag(c b exp(Gam))``, 
   ``d_end = exp(Gam_end) d0 + sum_j exp(Gam_end - Gam_{j+1}) w_j s_j``: three short dependent steps
   for 16 tokens, where the token loop makes 16 dependent K-reductions. The chain keeps every ``w``;
   given ``w``, the output pass forms every ``d_t`` of the group (``k_tilde``) and the pre-clamp values a row at a
-  time (``group_outputs``), the fixup with a cumulative sum over the group's rows (``group_states`` in
-  ``group_step``, which forms ``w`` itself).
+  time (``group_outputs``).
 * the chunk is exact when every pre-clamp value ``r_t d_t + w_t s_t`` of its four groups lies in
-  ``[d_min, d_max]`` (NaN fails); ``advance`` checks that once per chunk and otherwise redoes the
-  chunk token by token from its start. A coordinate on a bound whose pre-clamp value points outward
-  fails the check too, so a chunk that starts pinned runs the token loop (no pinned-coordinate form).
+  ``[d_min, d_max]`` (NaN fails); the output pass flags the chunks where one does not, and the fixup
+  (``precond_fwd``) reruns each sequence token by token from its first flagged chunk. A coordinate on a bound
+  whose pre-clamp value points outward fails the check too, so a chunk that starts pinned is flagged (no
+  pinned-coordinate form).
 
 The adjoint of a group whose chunk passed the check is affine too. With ``g_e`` the gradient of the
 state at the group's end, ``f_t = dk_tilde_t * k_t`` and ``sigma_t = <g_{t+1}, s_t>``::
@@ -56,7 +56,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import ChunkLayout, chunk_layout, chunk_span
-from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, load_row, scan_tokens,
+from .precond_tokens import (CHUNK, GROUP, block_k, chunk_slot, decay_logs, flag_slots, load_row,
                              token_coefs)
 from .triangular import unit_lower_inverse
 
@@ -230,59 +230,13 @@ def precompute(k: Tensor, beta: Tensor, retention: Optional[Tensor], cu_seqlens:
 
 
 @triton.jit
-def group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R: tl.constexpr, CUMSUM: tl.constexpr,
-                 PREC: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Every ``d_t`` of a group in the parallel form, from ``d`` ([BK] fp32) at its start and its ``w`` ([G],
-    zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``r, lg, lgi`` from ``group_logs``. The in-group sums
-    are a triangular product (``tl.dot``, input precision ``PREC``) or, with ``CUMSUM`` and no retention, a
-    cumulative sum (exact fp32; the fixup's, ``group_step``; the dearer of the two in the adjoint pass).
-
-    Returns ``(D [G, BK] with d_t per row, d_end [BK], bad [BK] int32)``; they hold only where ``bad`` is 0
-    everywhere (no pre-clamp value outside the box, nothing NaN).
-    """
+def group_states(d, kv, w, lg, lgi, PREC: tl.constexpr, G: tl.constexpr):
+    """Every ``d_t`` of a group in the parallel form (``[G, BK]``, row t), from ``d`` ([BK] fp32) at its start
+    and its ``w`` ([G], zeros on masked rows); ``kv`` the keys [G, BK] fp32, ``lg, lgi`` from ``group_logs``. The
+    in-group sums are a triangular product (``tl.dot``, input precision ``PREC``)."""
     ci = tl.arange(0, G)
-    offs = tl.arange(0, BK)
-    s = kv * kv
-    ws = w[:, None] * s
-    lg_end = tl.sum(tl.where(mrow, lgi - lg, 0.0), 0)             # Gam at the group's end
-    d_end = tl.exp(lg_end) * d + tl.sum((tl.exp(tl.minimum(lg_end - lgi, 0.0)) * w)[:, None] * s, 0)
-    if CUMSUM and not HAS_R:
-        D = d[None, :] + (tl.cumsum(ws, 0) - ws)
-    else:
-        lam = tl.where(ci[:, None] > ci[None, :], tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)), 0.0)
-        D = tl.exp(lg)[:, None] * d[None, :] + tl.dot(lam, ws, input_precision=PREC)
-    P = r[:, None] * D + ws                                      # pre-clamp d_{t+1}
-    inside = (P >= d_min) & (P <= d_max)
-    bad = tl.max(tl.where(inside | (offs >= K)[None, :] | ~mrow[:, None], 0, 1), 0)
-    return D, d_end, bad
-
-
-@triton.jit
-def group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, t0, t1, h, H, K, d_min, d_max, HAS_R: tl.constexpr,
-               G: tl.constexpr, BK: tl.constexpr):
-    """Tokens ``[t0, min(t0 + G, t1))`` from ``d`` ([BK] fp32) in the parallel form, with the group's
-    ``w = w0 - M (S d)`` from the precompute's terms.
-
-    Returns ``(D, keys [G, BK] fp32, d_end, bad, w [G])`` (``group_states``)."""
-    ci = tl.arange(0, G)
-    rows = t0 + ci
-    mrow = rows < t1
-    kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
-    M = tl.load(m_ptr + (rows[:, None] * H + h) * G + ci[None, :], mask=mrow[:, None], other=0.0)
-    w0 = tl.load(w0_ptr + rows * H + h, mask=mrow, other=0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    p = tl.sum(kv * kv * d[None, :], 1)
-    w = w0 - tl.sum(M * p[None, :], 1)
-    D, d_end, bad = group_states(d, kv, w, r, lg, lgi, mrow, K, d_min, d_max, HAS_R, True, "tf32x3", G, BK)
-    return D, kv, d_end, bad, w
-
-
-@triton.jit
-def store_k_tilde(kt_ptr, D, kv, rows, mrow, h, H, K, BK: tl.constexpr):
-    """``k_tilde = d_t * k_t`` of a group's rows (``D``, ``kv`` [G, BK]) in ``kt_ptr``'s dtype."""
-    offs = tl.arange(0, BK)
-    tl.store(kt_ptr + (rows[:, None] * H + h) * K + offs[None, :], (D * kv).to(kt_ptr.dtype.element_ty),
-             mask=mrow[:, None] & (offs < K)[None, :])
+    lam = tl.where(ci[:, None] > ci[None, :], tl.exp(tl.minimum(lg[:, None] - lgi[None, :], 0.0)), 0.0)
+    return tl.exp(lg)[:, None] * d[None, :] + tl.dot(lam, w[:, None] * (kv * kv), input_precision=PREC)
 
 
 @triton.jit
@@ -290,8 +244,7 @@ def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max,
                   STORE_KT: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
     """``k_tilde`` of tokens ``[t0, min(t0 + G, t1))`` (``STORE_KT``) from ``d`` at the group's start and the
     chain's ``w``, a row at a time (``d_{t+1} = r_t d_t + w_t s_t``: elementwise, no reduction and no sum over the
-    group's rows); returns ``bad`` ([BK] int32, as ``group_states``'): 1 where a pre-clamp value lies outside
-    the box or is NaN."""
+    group's rows); returns ``bad`` ([BK] int32): 1 where a pre-clamp value lies outside the box or is NaN."""
     offs = tl.arange(0, BK)
     bad = tl.zeros([BK], tl.int32)
     for i in tl.static_range(G):
@@ -307,42 +260,6 @@ def group_outputs(d, k_ptr, r_ptr, w_ptr, kt_ptr, t0, t1, h, H, K, d_min, d_max,
             d = d + w * kv * kv
         bad = bad | tl.where(((d >= d_min) & (d <= d_max)) | ~m, 0, 1)
     return bad
-
-
-@triton.jit
-def advance(d, k_ptr, beta_ptr, r_ptr, m_ptr, w0_ptr, kt_ptr, ckpt_ptr, w_ptr, t0, t1, h, H, K, eta, d_min, d_max,
-            eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr,
-            C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """``d`` over tokens ``[t0, t1)`` (at most C): the parallel form, or the token loop where its
-    check fails. ``STORE_KT``: writes ``k_tilde``; ``STORE_CKPT``: ``d`` at each group start to
-    ``ckpt_ptr + i * H*BK`` (group i of the chunk, G tokens each) and the groups' ``w`` to ``w_ptr`` (rows as
-    the keys'; left as they are where the token loop runs). Returns ``(d_{t1}, fell_back)`` (1: the token loop
-    ran).
-
-    The parallel form writes its outputs before the check; the token loop overwrites them."""
-    ci = tl.arange(0, G)
-    offs = tl.arange(0, BK)
-    d_start = d
-    bad = tl.zeros([BK], tl.int32)
-    for gi in tl.static_range(C // G):          # a group past t1 is all masked: d passes through
-        g0 = t0 + gi * G
-        if STORE_CKPT:
-            tl.store(ckpt_ptr + gi * H * BK + offs, d)
-        D, kv, d, bg, w = group_step(d, k_ptr, r_ptr, m_ptr, w0_ptr, g0, t1, h, H, K, d_min, d_max, HAS_R, G, BK)
-        bad = bad | bg
-        rows = g0 + ci
-        if STORE_CKPT:
-            tl.store(w_ptr + rows * H + h, w, mask=rows < t1)
-        if STORE_KT:
-            store_k_tilde(kt_ptr, D, kv, rows, rows < t1, h, H, K, BK)
-    if tl.max(bad, 0) > 0:
-        tl.debug_barrier()                  # the token loop's stores land after the parallel form's
-        d = scan_tokens(d_start, k_ptr, beta_ptr, r_ptr, kt_ptr, kt_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min,
-                        d_max, eps, HAS_R, BETA_AWARE, STORE_KT, False, STORE_CKPT, G, BK)
-        fell_back = tl.full([], 1, tl.int32)
-    else:
-        fell_back = tl.full([], 0, tl.int32)
-    return d, fell_back
 
 
 @triton.jit
@@ -364,8 +281,8 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
     mrow = rows < t1
     kv = load_keys(k_ptr, rows, mrow, h, H, K, BK)
     w = tl.load(w_ptr + rows * H + h, mask=mrow, other=0.0)
-    r, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
-    D, _, _ = group_states(d, kv, w, r, lg, lgi, mrow, K, 0.0, 0.0, HAS_R, False, PREC, G, BK)
+    _, lg, lgi = group_logs(r_ptr, rows, mrow, h, H, HAS_R, G)
+    D = group_states(d, kv, w, lg, lgi, PREC, G)
     sigma = tl.load(sig_ptr + rows * H + h, mask=mrow, other=0.0)
     b = tl.load(beta_ptr + rows * H + h, mask=mrow, other=0.0).to(tl.float32)
     s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE, 1)
@@ -391,13 +308,3 @@ def group_adjoint(g, d, k_ptr, beta_ptr, r_ptr, dkt_ptr, w_ptr, sig_ptr, dk_ptr,
     tl.store(dbeta_ptr + rows * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=mrow)
     if HAS_R:
         tl.store(dr_ptr + rows * H + h, tl.sum(Gt * D, 1).to(dr_ptr.dtype.element_ty), mask=mrow)
-
-
-def num_warps(BK: int, parallel: bool) -> int:
-    """Warps of the per-sequence programs that run whole chunks: few for the token loop (cheap
-    reductions), more for the fixup's per-chunk parallel form with its [16, BK] tiles (H200, BK 128, fixup
-    kernel ms at 4 / 8 / 16 warps: every S1 chunk through the parallel form 0.390 / 0.370 / 0.821, S2 0.762 /
-    0.713 / 1.624; S1-clamp, 80% of chunks token by token, 1.051 / 1.063 / 1.734)."""
-    if parallel:
-        return 8
-    return 2 if BK > 128 else 1

@@ -63,61 +63,108 @@ def load_row(ptr, t, h, H, K, offs, mask):
     return tl.load(ptr + (t * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
 
 
-@triton.jit
-def load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R: tl.constexpr, valid=True):
-    """Key ``[BK]`` (fp32, zero-padded), beta and retention of token ``t`` (int64), head ``h``.
+#: tokens per block of the token loops, forward and adjoint. A loop loads the next block's inputs while it runs the
+#: current one and swaps them in at the block's end, so a load has a block of dependent steps to arrive. The rotation
+#: of single-token register sets it replaced waited for each load in the step that issued it (the copy that rotates
+#: the ring consumes the register; sm_90 SASS), so every token paid a memory latency. H200, bf16, kernel ms (09:21
+#: UTC 2026-12-02), before / blocks of 4 / of 8: S1 token form forward 0.861 / 0.410 / 0.375, backward 1.703 / 0.981 /
+#: 0.920; the adjoint chain on S1-clamp (80% of chunks token by token) 1.714 / 0.742 / 0.865; the fixup
+#: (``precond_fwd``) on S1-clamp at 09:48: 0.309 at 4, 0.465 at 8 (255 registers).
+TOKEN_BLOCK = tl.constexpr(4)
 
-    Nothing is read where ``valid`` is false (zeros, retention 1).
-    """
-    kv = load_row(k_ptr, t, h, H, K, offs, (offs < K) & valid)
-    b = tl.load(beta_ptr + t * H + h, mask=valid, other=0.0).to(tl.float32)
+
+@triton.jit
+def row_block(ptr, t, t0, t1, h, H, K, offs, STEP: tl.constexpr, U: tl.constexpr):
+    """Rows ``[BK]`` (unconverted) of tokens ``t, t + STEP, ..., t + (U-1) STEP`` (int64), head ``h`` of a
+    ``[B,T,H,K]`` tensor, as a tuple; zeros for tokens outside ``[t0, t1)`` (nothing is read there)."""
+    rows = ()
+    for i in tl.static_range(U):
+        u = t + i * STEP
+        rows = rows + (tl.load(ptr + (u * H + h) * K + offs, mask=(offs < K) & (u >= t0) & (u < t1), other=0.0),)
+    return rows
+
+
+@triton.jit
+def scalar_block(ptr, t, t0, t1, h, H, other, STEP: tl.constexpr, U: tl.constexpr):
+    """Per-token values (beta, retention; unconverted) of the tokens of ``row_block``, as a tuple; ``other``
+    outside ``[t0, t1)``."""
+    vals = ()
+    for i in tl.static_range(U):
+        u = t + i * STEP
+        vals = vals + (tl.load(ptr + u * H + h, mask=(u >= t0) & (u < t1), other=other),)
+    return vals
+
+
+@triton.jit
+def token_block(k_ptr, beta_ptr, r_ptr, t, t0, t1, h, H, K, offs, HAS_R: tl.constexpr, STEP: tl.constexpr,
+                U: tl.constexpr):
+    """Keys, betas and retentions (an empty tuple without) of a block of tokens (``row_block``)."""
+    ks = row_block(k_ptr, t, t0, t1, h, H, K, offs, STEP, U)
+    bs = scalar_block(beta_ptr, t, t0, t1, h, H, 0.0, STEP, U)
     if HAS_R:
-        r = tl.load(r_ptr + t * H + h, mask=valid, other=1.0).to(tl.float32)
+        rs = scalar_block(r_ptr, t, t0, t1, h, H, 1.0, STEP, U)
     else:
-        r = b * 0.0 + 1.0
-    return kv, b, r
+        rs = ()
+    return ks, bs, rs
 
 
 @triton.jit
-def load_ahead(k_ptr, beta_ptr, r_ptr, t, t1, h, H, K, offs, HAS_R: tl.constexpr):
-    """``load_token`` for a token that may lie past the range's end ``t1`` (then nothing is read)."""
-    return load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, t < t1)
+def block_token(ks, bs, rs, i: tl.constexpr, HAS_R: tl.constexpr):
+    """Token ``i`` of a ``token_block``: key ``[BK]``, beta and retention (1 without), fp32."""
+    if HAS_R:
+        r = rs[i].to(tl.float32)
+    else:
+        r = 1.0
+    return ks[i].to(tl.float32), bs[i].to(tl.float32), r
 
 
 @triton.jit
-def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, t0, t1, h, H, K, eta, d_min, d_max, eps,
-                HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
-                STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, CK: tl.constexpr, BK: tl.constexpr):
+def scan_tokens(d, k_ptr, beta_ptr, r_ptr, kt_ptr, traj_ptr, ckpt_ptr, w_ptr, flag_ptr, t0, t1, h, H, K, eta, d_min,
+                d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, STORE_KT: tl.constexpr,
+                STORE_TRAJ: tl.constexpr, STORE_CKPT: tl.constexpr, FIXUP: tl.constexpr, C: tl.constexpr,
+                CK: tl.constexpr, BK: tl.constexpr):
     """Tokens ``[t0, t1)`` one by one from ``d`` ([BK] fp32); returns ``d_{t1}``.
 
     ``STORE_KT``: writes ``k_tilde``; ``STORE_TRAJ``: writes ``d_t`` to ``traj_ptr + (t-t0)*BK``;
-    ``STORE_CKPT``: writes ``d`` at every CK-th token to ``ckpt_ptr + ((t-t0)//CK) * H*BK``.
-    The serial chain is one K-reduction per token, far shorter than a memory load, so the inputs
-    are loaded eight tokens ahead (a rotation of eight register sets).
+    ``STORE_CKPT``: writes ``d`` at every CK-th token (a multiple of ``TOKEN_BLOCK``) to
+    ``ckpt_ptr + ((t-t0)//CK) * H*BK``. ``FIXUP`` (``t0`` a chunk start): also every token's
+    ``w = c (1 - a)`` at ``w_ptr`` (rows as beta's) and, for every ``C`` tokens from ``t0``, the flag at
+    ``flag_ptr + j*H`` (chunk j): 1 where a pre-clamp value left the box (or is NaN), else 0, as the output pass
+    flags them; the backward's adjoint pass then takes the chunks flagged 0 from the checkpoints and ``w``.
+
+    The serial chain is one K-reduction per token, far shorter than a memory load, so the inputs are loaded a
+    block of ``TOKEN_BLOCK`` tokens ahead; the last block's steps past ``t1`` leave ``d`` as it is and write
+    nothing.
     """
+    U: tl.constexpr = TOKEN_BLOCK
     offs = tl.arange(0, BK)
-    k1, b1, r1 = load_ahead(k_ptr, beta_ptr, r_ptr, t0, t1, h, H, K, offs, HAS_R)
-    k2, b2, r2 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 1, t1, h, H, K, offs, HAS_R)
-    k3, b3, r3 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 2, t1, h, H, K, offs, HAS_R)
-    k4, b4, r4 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 3, t1, h, H, K, offs, HAS_R)
-    k5, b5, r5 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 4, t1, h, H, K, offs, HAS_R)
-    k6, b6, r6 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 5, t1, h, H, K, offs, HAS_R)
-    k7, b7, r7 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 6, t1, h, H, K, offs, HAS_R)
-    k8, b8, r8 = load_ahead(k_ptr, beta_ptr, r_ptr, t0 + 7, t1, h, H, K, offs, HAS_R)
-    for t in range(t0, t1):
-        kn, bn, rn = load_ahead(k_ptr, beta_ptr, r_ptr, t + 8, t1, h, H, K, offs, HAS_R)
-        if STORE_KT:
-            tl.store(kt_ptr + (t * H + h) * K + offs, (d * k1).to(kt_ptr.dtype.element_ty), mask=offs < K)
-        if STORE_TRAJ:
-            tl.store(traj_ptr + (t - t0) * BK + offs, d)
+    bad = tl.zeros([BK], tl.int32)
+    ks, bs, rs = token_block(k_ptr, beta_ptr, r_ptr, t0, t0, t1, h, H, K, offs, HAS_R, 1, U)
+    for tb in range(t0, t1, U):
+        nks, nbs, nrs = token_block(k_ptr, beta_ptr, r_ptr, tb + U, t0, t1, h, H, K, offs, HAS_R, 1, U)
         if STORE_CKPT:
-            if (t - t0) % CK == 0:
-                tl.store(ckpt_ptr + ((t - t0) // CK) * H * BK + offs, d)
-        s, n2, nb, c, bb = token_coefs(k1, b1, eta, eps, BETA_AWARE)
-        a = bb * tl.sum(d * s, 0)
-        d = tl.minimum(tl.maximum(r1 * d + c * (1.0 - a) * s, d_min), d_max)
-        k1, b1, r1, k2, b2, r2, k3, b3, r3, k4, b4, r4 = k2, b2, r2, k3, b3, r3, k4, b4, r4, k5, b5, r5
-        k5, b5, r5, k6, b6, r6, k7, b7, r7, k8, b8, r8 = k6, b6, r6, k7, b7, r7, k8, b8, r8, kn, bn, rn
+            if (tb - t0) % CK == 0:
+                tl.store(ckpt_ptr + ((tb - t0) // CK) * H * BK + offs, d)
+        for i in tl.static_range(U):
+            t = tb + i
+            valid = t < t1
+            kv, b, r = block_token(ks, bs, rs, i, HAS_R)
+            if STORE_KT:
+                tl.store(kt_ptr + (t * H + h) * K + offs, (d * kv).to(kt_ptr.dtype.element_ty), mask=(offs < K) & valid)
+            if STORE_TRAJ:
+                tl.store(traj_ptr + (t - t0) * BK + offs, d, mask=(offs < BK) & valid)
+            s, n2, nb, c, bb = token_coefs(kv, b, eta, eps, BETA_AWARE)
+            w = c * (1.0 - bb * tl.sum(d * s, 0))
+            pre = r * d + w * s
+            if FIXUP:
+                tl.store(w_ptr + t * H + h, w, mask=valid)
+                bad = bad | tl.where(((pre >= d_min) & (pre <= d_max)) | (offs >= K) | ~valid, 0, 1)
+            d = tl.where(valid, tl.minimum(tl.maximum(pre, d_min), d_max), d)
+        if FIXUP:
+            if ((tb + U - t0) % C == 0) | (tb + U >= t1):
+                tl.store(flag_ptr + ((tb - t0) // C) * H, tl.max(bad, 0))
+                bad = tl.zeros([BK], tl.int32)
+        ks, bs, rs = nks, nbs, nrs
     return d
 
 
@@ -145,45 +192,41 @@ def token_adjoint(g, d, kv, b, r, gkt, eta, d_min, d_max, eps, BETA_AWARE: tl.co
 
 
 @triton.jit
-def reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t, t0, h, H, K, HAS_R: tl.constexpr, BK: tl.constexpr):
-    """Token ``t``'s ``d_t`` (from the chunk scratch), key, beta, retention and ``dk_tilde``; nothing is
-    read for ``t < t0`` (before the chunk)."""
-    offs = tl.arange(0, BK)
-    valid = t >= t0
-    dt = tl.load(traj + (t - t0) * BK + offs, mask=valid, other=0.0)
-    kv, b, r = load_token(k_ptr, beta_ptr, r_ptr, t, h, H, K, offs, HAS_R, valid)
-    gkt = load_row(dkt_ptr, t, h, H, K, offs, (offs < K) & valid)
-    return dt, kv, b, r, gkt
-
-
-@triton.jit
 def tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_ptr, dr_ptr, t0, t1, h, H, K, eta,
                    d_min, d_max, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, G: tl.constexpr,
                    BK: tl.constexpr):
     """The adjoint of tokens ``[t0, t1)`` (one chunk) token by token: ``d`` is the state at ``t0`` and
     ``g`` the gradient at ``t1``. Rebuilds ``d_t`` into the program's scratch ``traj [C, BK]`` (it stays
-    in L2), writes ``dk``, ``dbeta`` (and ``dretention``) of the chunk and returns the gradient at ``t0``."""
+    in L2), writes ``dk``, ``dbeta`` (and ``dretention``) of the chunk and returns the gradient at ``t0``.
+    The serial chain (three reductions per token) is shorter than a load: the inputs of a block of
+    ``TOKEN_BLOCK`` tokens (earlier in time) are loaded while the block after it runs."""
+    U: tl.constexpr = TOKEN_BLOCK
     offs = tl.arange(0, BK)
     mk = offs < K
-    d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, traj, t0, t1, h, H, K, eta, d_min, d_max, eps,
-                    HAS_R, BETA_AWARE, False, True, False, G, BK)
+    d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, traj, traj, traj, t0, t1, h, H, K, eta, d_min, d_max,
+                    eps, HAS_R, BETA_AWARE, False, True, False, False, G, G, BK)
     tl.debug_barrier()
-    # the serial chain (three reductions per token) is shorter than a load: inputs are loaded
-    # four tokens ahead (earlier in time), in a rotation of four register sets
-    d1, k1, b1, r1, g1 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 1, t0, h, H, K, HAS_R, BK)
-    d2, k2, b2, r2, g2 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 2, t0, h, H, K, HAS_R, BK)
-    d3, k3, b3, r3, g3 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 3, t0, h, H, K, HAS_R, BK)
-    d4, k4, b4, r4, g4 = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t1 - 4, t0, h, H, K, HAS_R, BK)
-    for tt in range(0, t1 - t0):
-        t = t1 - 1 - tt
-        dn, kn, bn, rn, gn = reverse_inputs(traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, t - 4, t0, h, H, K, HAS_R, BK)
-        g, dk, dbeta, dr = token_adjoint(g, d1, k1, b1, r1, g1, eta, d_min, d_max, eps, BETA_AWARE)
-        tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk)
-        tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty))
-        if HAS_R:
-            tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty))
-        d1, k1, b1, r1, g1, d2, k2, b2, r2, g2 = d2, k2, b2, r2, g2, d3, k3, b3, r3, g3
-        d3, k3, b3, r3, g3, d4, k4, b4, r4, g4 = d4, k4, b4, r4, g4, dn, kn, bn, rn, gn
+    tr = traj - t0 * BK                 # d_t at tr + t*BK
+    ds_ = row_block(tr, t1 - 1, t0, t1, 0, 1, BK, offs, -1, U)
+    gs = row_block(dkt_ptr, t1 - 1, t0, t1, h, H, K, offs, -1, U)
+    ks, bs, rs = token_block(k_ptr, beta_ptr, r_ptr, t1 - 1, t0, t1, h, H, K, offs, HAS_R, -1, U)
+    for jb in range(0, t1 - t0, U):
+        tb = t1 - 1 - jb
+        nds = row_block(tr, tb - U, t0, t1, 0, 1, BK, offs, -1, U)
+        ngs = row_block(dkt_ptr, tb - U, t0, t1, h, H, K, offs, -1, U)
+        nks, nbs, nrs = token_block(k_ptr, beta_ptr, r_ptr, tb - U, t0, t1, h, H, K, offs, HAS_R, -1, U)
+        for i in tl.static_range(U):
+            t = tb - i
+            valid = t >= t0
+            kv, b, r = block_token(ks, bs, rs, i, HAS_R)
+            gn, dk, dbeta, dr = token_adjoint(g, ds_[i], kv, b, r, gs[i].to(tl.float32), eta, d_min, d_max, eps,
+                                              BETA_AWARE)
+            g = tl.where(valid, gn, g)
+            tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk & valid)
+            tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
+            if HAS_R:
+                tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty), mask=valid)
+        ds_, gs, ks, bs, rs = nds, ngs, nks, nbs, nrs
     tl.debug_barrier()
     return g
 
@@ -258,6 +301,12 @@ def block_k(K: int) -> int:
 
 def sequences(k, cu_seqlens) -> int:
     return k.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+
+
+def token_warps(BK: int) -> int:
+    """Warps of the token loops (the token form and the parallel form's fixup): one reduction per token is cheapest
+    within one warp; two above BK 128."""
+    return 2 if BK > 128 else 1
 
 
 def flag_slots(k, cu_seqlens) -> int:
