@@ -64,7 +64,8 @@ def _out_kernel(k_ptr, r_ptr, cu_ptr, table_ptr, ckpt_ptr, w_ptr, kt_ptr, flag_p
 
 
 @triton.jit(do_not_specialize=["T"])
-def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr, w_ptr, T, H, K, eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
+def _precond_fwd_kernel(k_ptr, beta_ptr, d0_ptr, r_ptr, cu_ptr, kt_ptr, dfin_ptr, flag_ptr, ckpt_ptr, w_ptr, T, H, K,
+                        eta, d_min, d_max, eps, HAS_D0: tl.constexpr, HAS_R: tl.constexpr,
                         VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr, PARALLEL: tl.constexpr,
                         STORE_KT: tl.constexpr, STORE_CKPT: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
                         BK: tl.constexpr):

@@ -203,11 +203,12 @@ def tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_pt
     U: tl.constexpr = TOKEN_BLOCK
     offs = tl.arange(0, BK)
     mk = offs < K
+    # only the trajectory is written: the k_tilde, checkpoint, w and flag pointers and the flag chunk C go unused
     d = scan_tokens(d, k_ptr, beta_ptr, r_ptr, k_ptr, traj, traj, traj, traj, t0, t1, h, H, K, eta, d_min, d_max,
                     eps, HAS_R, BETA_AWARE, False, True, False, False, G, G, BK)
     tl.debug_barrier()
     tr = traj - t0 * BK                 # d_t at tr + t*BK
-    ds_ = row_block(tr, t1 - 1, t0, t1, 0, 1, BK, offs, -1, U)
+    dts = row_block(tr, t1 - 1, t0, t1, 0, 1, BK, offs, -1, U)
     gs = row_block(dkt_ptr, t1 - 1, t0, t1, h, H, K, offs, -1, U)
     ks, bs, rs = token_block(k_ptr, beta_ptr, r_ptr, t1 - 1, t0, t1, h, H, K, offs, HAS_R, -1, U)
     for jb in range(0, t1 - t0, U):
@@ -219,14 +220,14 @@ def tokens_adjoint(g, d, traj, dkt_ptr, k_ptr, beta_ptr, r_ptr, dk_ptr, dbeta_pt
             t = tb - i
             valid = t >= t0
             kv, b, r = block_token(ks, bs, rs, i, HAS_R)
-            gn, dk, dbeta, dr = token_adjoint(g, ds_[i], kv, b, r, gs[i].to(tl.float32), eta, d_min, d_max, eps,
+            gn, dk, dbeta, dr = token_adjoint(g, dts[i], kv, b, r, gs[i].to(tl.float32), eta, d_min, d_max, eps,
                                               BETA_AWARE)
             g = tl.where(valid, gn, g)
             tl.store(dk_ptr + (t * H + h) * K + offs, dk.to(dk_ptr.dtype.element_ty), mask=mk & valid)
             tl.store(dbeta_ptr + t * H + h, dbeta.to(dbeta_ptr.dtype.element_ty), mask=valid)
             if HAS_R:
                 tl.store(dr_ptr + t * H + h, dr.to(dr_ptr.dtype.element_ty), mask=valid)
-        ds_, gs, ks, bs, rs = nds, ngs, nks, nbs, nrs
+        dts, gs, ks, bs, rs = nds, ngs, nks, nbs, nrs
     tl.debug_barrier()
     return g
 
