@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One GPU session's validation and benchmarks, each step time-boxed, results written as they come.
 #   bash benchmarks/gpu_run.sh OUT_DIR [all|tests|bench] [seconds for the GPU tests]
-# Steps: versions; "tests": every GPU test (Triton kernels vs the float64 reference, opcheck on CUDA,
-# property tests on real shapes) in parallel processes, each limited to the given seconds (about seven
-# minutes on a fresh 16-core machine); "bench": precond_scan forms, the asym engine's stage breakdown and
+# Steps: versions; "tests": every test that runs on CUDA when a GPU is present (Triton kernels vs the float64
+# reference on the benchmark shapes and on the tiny shapes that CI runs through the interpreter, opcheck on
+# CUDA, CUDA graphs, the property tests on real shapes, the benchmark smoke tests) in parallel processes, each
+# limited to the given seconds. ONLY=REGEX runs only the groups whose names match, SKIP=REGEX all but those. On a
+# fresh 16-core machine all of it takes more than one ten-minute call: SKIP='small|other|api|bench|launch' about
+# seven minutes, then ONLY='small|other|api|bench|launch' (the tiny-shape kernel tests compile a variant per
+# shape: give them 400 seconds); "bench": precond_scan forms, the asym engine's stage breakdown and
 # the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2 (about nine
 # minutes on a fresh machine). A ten-minute call runs one half.
 # fla tunes its kernels on first call (minutes per shape on a fresh machine). Triton keeps each tuning
@@ -32,12 +36,18 @@ if [ "$mode" != bench ]; then
   # Each random-shape case runs in a process of its own, so that a fault names its case. Logs: OUT_DIR/tests/.
   mkdir -p "$out/tests"; pids=()
   group() { local name=$1; shift
+    if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
+    if [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; then return; fi
     ( timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider --durations=5 "$@" > "$out/tests/$name.log" 2>&1
       echo "$name exit $?" >> "$out/tests/summary.txt" ) & pids+=($!); }
   # first, alone: the tensors of more than 2^31 elements need up to 100 GB of free GPU memory (else they skip)
   group over_2_31 -k "2_31 or int64" tests/test_triton_asym_bwd.py tests/test_triton_asym_fwd.py tests/test_triton_precond.py
   wait "${pids[@]}"; pids=()
   group precond -k "(gpu or cuda) and not 2_31" tests/test_triton_precond.py
+  # the tiny-shape tests of the kernel files run on CUDA here (through the interpreter in CI)
+  group precond_small -k "not gpu and not cuda and not 2_31" tests/test_triton_precond.py
+  group forward_small -k "not gpu" tests/test_triton_asym_fwd.py
+  group backward_small -k "not gpu" tests/test_triton_asym_bwd.py
   for gate in none scalar channel; do group "forward_shapes_$gate" -k "gpu_shapes and $gate" tests/test_triton_asym_fwd.py; done
   group forward_forms -k "gpu and not shapes and not int64" tests/test_triton_asym_fwd.py
   group opcheck -k cuda tests/test_opcheck.py
@@ -45,12 +55,17 @@ if [ "$mode" != bench ]; then
   group backward_shapes -k "gpu and (bench_shapes or long_sequence)" tests/test_triton_asym_bwd.py
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
+  group backward_launch_settings -k "gpu and launch_settings" tests/test_triton_asym_bwd.py
+  group api -k gpu tests/test_api.py
+  group bench_smoke benchmarks/test_ops_bench.py
   for c in $(seq 0 8); do group "random_$c" "tests/test_triton_asym_bwd.py::test_gpu_random_shapes[$c]"; done
-  # property tests: every drawn shape compiles new kernel variants, so they run in four processes
+  # property tests: every drawn shape compiles new kernel variants, so they run in several processes
   group property_precond -k precond property_tests/test_kernel_vs_reference.py
   group property_asym -k asym property_tests/test_kernel_vs_reference.py
-  group property_reduction -k "not triton" property_tests/test_reduction.py
+  group property_reduction_fla -k fla property_tests/test_reduction.py
   group property_reduction_triton -k triton property_tests/test_reduction.py
+  group property_triton_other -k triton property_tests/test_clamp.py property_tests/test_composition.py \
+    property_tests/test_descent.py property_tests/test_right_preconditioning.py
   wait "${pids[@]}"
   sort "$out/tests/summary.txt"; tail -qn1 "$out"/tests/*.log
 fi
