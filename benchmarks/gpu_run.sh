@@ -9,7 +9,7 @@
 # seven minutes, then ONLY='small|other|api|bench|launch' (the tiny-shape kernel tests compile a variant per
 # shape: give them 400 seconds); "bench": precond_scan forms, the asym engine's stage breakdown and
 # the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2 (about nine
-# minutes on a fresh machine). A ten-minute call runs one half.
+# minutes on a fresh machine). A ten-minute call runs "bench", or one of the two splits of "tests" above.
 # fla tunes its kernels on first call (minutes per shape on a fresh machine). Triton keeps each tuning
 # result as a *.autotune.json in its cache; they are archived to OUT_DIR/autotune.tgz after every
 # benchmark step, and AUTOTUNE_IN=path/to/autotune.tgz restores them (same GPU, torch, triton, fla).
