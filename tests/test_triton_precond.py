@@ -137,6 +137,23 @@ def test_retention_drives_to_bound():
     assert share(x, eta=0.01) > 0.0
 
 
+def test_pinned_groups_on_both_bounds():
+    """Half the coordinates on d_max, pushed up by keys concentrated there, the other half on d_min, drawn down by
+    the retention, so the clamp fires at both bounds at most tokens; tokens with a large beta pull the upper half
+    inside the box for a while (no torch.clamp gradient on the bound-pinned steps, the full one inside). T = 150
+    leaves a partial last group and chunk."""
+    x = problem(B=2, T=150, H=2, K=16)
+    k = torch.rand(2, 150, 2, 16, generator=torch.Generator().manual_seed(3)) + 0.5
+    k[..., 8:] *= 1e-2
+    x["k"] = F.normalize(k, dim=-1).to(DEV)
+    x["beta"] = torch.full_like(x["beta"], 0.3)
+    x["beta"][:, [40, 41, 97]] = 0.95
+    x["retention"] = torch.full_like(x["retention"], 0.9998)
+    x["d0"] = torch.cat([torch.full_like(x["d0"][..., :8], 2.0), torch.full_like(x["d0"][..., 8:], 0.5)], -1)
+    check(x, eta=0.5)
+    assert share(x, eta=0.5) == 1.0
+
+
 @pytest.mark.parametrize("beta_aware", [True, False])
 def test_parallel_form_retention_near_zero(beta_aware):
     """Retention in (0.9, 1) and 1e-3 at two tokens, in a box that never clamps: every chunk in the
