@@ -28,8 +28,11 @@ on S3 (H200, bf16) the adjoint's maps took 0.327 ms, its offsets 0.124 in a plai
 adjoint chain's software-pipelined step (``segment_offset``; S2 0.064 -> 0.028, outputs bitwise equal). A
 segment with a chunk that the forward ran token by token has no affine map: the carry runs the serial adjoint
 through it (token by token in the flagged chunks, as ``precond_chain.adjoint_groups`` does) and the per-segment
-pass skips it. The gradient of ``d0`` comes from the first segment's chain (or from the carry where it ran that
-segment).
+pass skips it. The adjoint carry is launched twice, one program per (sequence, head) each time: at four warps for
+the chains with no flagged chunk (maps only, a whole ``[BK, BK]`` map at a time) and at one warp for the others,
+whose token adjoint a warp runs fastest (a reduction within one warp needs no barrier) and whose maps it applies a
+tile at a time (``apply_transposed``); each launch's programs for the other kind of chain return at once. The
+gradient of ``d0`` comes from the first segment's chain (or from the carry where it ran that segment).
 """
 from __future__ import annotations
 
@@ -50,10 +53,15 @@ from .varlen import max_chunks
 
 #: warps of the map kernel, forward (a [BK, BK] fp32 tile; H200, S3, both directions: 1.114 / 1.190 / 2.392 ms at
 #: 4 / 8 / 16 warps with three-pass products, 0.661 / 1.010 ms at 4 / 8 with one pass) and adjoint (offsets only:
-#: S3 0.124 / 0.131 / 0.129 ms at 1 / 2 / 4 warps before its loop was pipelined), and of the carries (S3 adjoint
-#: carry 0.060 ms at 4 warps, 0.144 at 1)
+#: S3 0.124 / 0.131 / 0.129 ms at 1 / 2 / 4 warps before its loop was pipelined)
 MAP_WARPS = {False: 4, True: 1}
+#: warps of the forward carry and of the adjoint carry of chains without a flagged chunk (S3 adjoint carry 0.060 ms
+#: at 4 warps, 0.144 at 1, before its loop was pipelined), and of the adjoint carry of chains with one (``SERIAL``).
+#: H200, bf16, adjoint carry ms when a single launch did both kinds, the maps a tile at a time (09:49 UTC
+#: 2026-12-03), at 1 / 2 / 4 warps: S3 0.062 / 0.106 / 0.113 (0.040 with whole maps at 4), S3 with a retention
+#: that keeps the clamp firing 14.3 / 32.8 / 35.7 (35.1 with whole maps at 4)
 CARRY_WARPS = 4
+SERIAL_CARRY_WARPS = 1
 #: software-pipeline stages of the carries' loops over segments (the maps of the next segments loaded into shared
 #: memory, 64 KiB each at BK 128, while the current one is applied). H200, bf16, forward / adjoint carry ms: S3
 #: 0.075 / 0.063 in a plain loop, 0.049 / 0.054 at 2 stages, 0.040 / 0.039 at 3; S2 0.018 / 0.016, 0.013 / 0.015,
@@ -140,6 +148,60 @@ def segment_offset(k_ptr, tt_ptr, a_ptr, r_ptr, fs, start, n, h, H, K, HAS_R: tl
         if HAS_R:
             alpha = alpha * tl.exp(tl.sum(tl.log(r), 0))
     return b, alpha
+
+
+@triton.jit
+def split4(g, BK: tl.constexpr):
+    """The four quarters ``g[i*BK/4 : (i+1)*BK/4]`` of ``g [BK]``, as a tuple."""
+    x = tl.permute(tl.reshape(g, [2, 2, BK // 4]), (2, 0, 1))      # [c, b, a] = g[(2b + a) BK/4 + c]
+    lo, hi = tl.split(x)                                             # a = 0, 1
+    p0, p2 = tl.split(lo)
+    p1, p3 = tl.split(hi)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def join4(p, BK: tl.constexpr):
+    """``split4``'s inverse: the quarters ``p`` as one ``[BK]`` vector."""
+    x = tl.join(tl.join(p[0], p[2]), tl.join(p[1], p[3]))           # [c, b, a] = p[2b + a][c]
+    return tl.reshape(tl.permute(x, (1, 2, 0)), [BK])
+
+
+@triton.jit
+def apply_transposed(a_ptr, g, TILED: tl.constexpr, BK: tl.constexpr):
+    """``A^T g`` of the row-major ``[BK, BK]`` map at ``a_ptr``. ``TILED``: a ``[BK/4, BK/4]`` tile at a time, so
+    that a program of one warp holds a tile in registers, not the map (128 fp32 registers a thread at four warps
+    and BK 128)."""
+    if TILED:
+        CB: tl.constexpr = BK // 4
+        i = tl.arange(0, CB)
+        gq = split4(g, BK)
+        out = ()
+        for cb in tl.static_range(4):
+            acc = tl.zeros([CB], tl.float32)
+            for rb in tl.static_range(4):
+                A = tl.load(a_ptr + (rb * CB + i[:, None]) * BK + cb * CB + i[None, :])
+                acc += tl.sum(A * gq[rb][:, None], 0)
+            out = out + (acc,)
+        return join4(out, BK)
+    else:
+        offs = tl.arange(0, BK)
+        return tl.sum(tl.load(a_ptr + offs[:, None] * BK + offs[None, :]) * g[:, None], 0)
+
+
+@triton.jit
+def adjoint_maps(g, amap_ptr, bmap_ptr, alpha_ptr, gend_ptr, r0, j_lo, j_hi, h, H, TILED: tl.constexpr,
+                 BK: tl.constexpr):
+    """The adjoint through segments ``j_hi - 1`` down to ``j_lo`` (map rows ``r0 + j``) by their maps, in a loop
+    without branches (it pipelines): stores ``g`` at each one's end to ``gend``, returns ``g`` at ``j_lo``'s
+    start."""
+    offs = tl.arange(0, BK)
+    for jj in tl.range(0, j_hi - j_lo, num_stages=CARRY_STAGES):
+        base = (r0 + j_hi - 1 - jj) * H + h
+        tl.store(gend_ptr + base * BK + offs, g)
+        g = (tl.load(alpha_ptr + base) * g + apply_transposed(amap_ptr + base * BK * BK, g, TILED, BK)
+             + tl.load(bmap_ptr + base * BK + offs))
+    return g
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
@@ -251,12 +313,14 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
                                   flag_ptr, dk_ptr, dbeta_ptr, dr_ptr, dd0_ptr, ckpt_ptr, gck_ptr, traj_ptr, amap_ptr,
                                   bmap_ptr, alpha_ptr, gend_ptr, T, NS, H, K, eta, d_min, d_max, eps,
                                   HAS_R: tl.constexpr, VARLEN: tl.constexpr, BETA_AWARE: tl.constexpr,
-                                  SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr, BK: tl.constexpr):
-    """Grid (N, H), adjoint: segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
+                                  SERIAL: tl.constexpr, SEG: tl.constexpr, C: tl.constexpr, G: tl.constexpr,
+                                  BK: tl.constexpr):
+    """Grid (N, H), adjoint, for the chains with a flagged chunk (``SERIAL``) or for the others (a program of the
+    other kind returns at once): segments backwards from ``dd_final``; ``g`` at every segment's end to ``gend``; a
     segment with a flagged chunk runs the serial adjoint here (``adjoint_groups``), others but the first apply their
-    map (``amap``: the forward's Delta, applied transposed; ``bmap``: b'), a run of them at a time (one search of
-    the flags per run). The gradient at the sequence's start goes to ``dd0`` where the sequence is empty or its
-    first segment ran here; otherwise the first segment's adjoint chain writes it."""
+    map (``amap``: the forward's Delta, applied transposed, a tile at a time where ``SERIAL``; ``bmap``: b'), a run
+    of them at a time (one search of the flags per run). The gradient at the sequence's start goes to ``dd0`` where
+    the sequence is empty or its first segment ran here; otherwise the first segment's adjoint chain writes it."""
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     bos, eos = sequence_bounds(cu_ptr, n, T, VARLEN)
@@ -264,39 +328,41 @@ def _segment_adjoint_carry_kernel(dkt_ptr, ddf_ptr, k_ptr, beta_ptr, r_ptr, cu_p
     offs = tl.arange(0, BK)
     NG: tl.constexpr = C // G
     slot = bos // C + n
-    g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
     CS: tl.constexpr = SEG // C
     nc = (eos - bos + C - 1) // C
-    j_end = tl.full([], 0, tl.int64) + ns
-    while j_end > 0:
-        last = flagged_chunk(flag_ptr, slot, 0, tl.minimum(j_end * CS, nc), h, H, True, 128)
-        jd = tl.where(last >= 0, last // CS, -1)            # the last segment below j_end with a flagged chunk
-        j_next = jd + 1
-        if jd == j_end - 1:
-            j = jd
-            tl.store(gend_ptr + ((r0 + j) * H + h) * BK + offs, g)
-            t0 = bos + j * SEG
-            g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
-                               fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
-                               ckpt_ptr + (NG * slot * H + h) * BK,
-                               gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos, slot,
-                               j * (SEG // G), j * (SEG // G) + (tl.minimum(SEG, eos - t0) + G - 1) // G, h, H, K,
-                               eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
-            j_next = jd
-        else:       # a run of unflagged segments: their maps, in a loop without branches (it pipelines)
-            lo = tl.maximum(jd + 1, 1)
-            for jj in tl.range(0, j_end - lo, num_stages=CARRY_STAGES):
-                base = (r0 + j_end - 1 - jj) * H + h
-                tl.store(gend_ptr + base * BK + offs, g)
-                A = tl.load(amap_ptr + (base * BK + offs[:, None]) * BK + offs[None, :])
-                g = tl.load(alpha_ptr + base) * g + tl.sum(A * g[:, None], 0) + tl.load(bmap_ptr + base * BK + offs)
-            if jd < 0:                                      # the first segment: its own adjoint chain goes on
+    if (flagged_chunk(flag_ptr, slot, 0, nc, h, H, True, 128) >= 0) == SERIAL:
+        g = tl.load(ddf_ptr + (n * H + h) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        if SERIAL:
+            j_end = tl.full([], 0, tl.int64) + ns
+            while j_end > 0:
+                last = flagged_chunk(flag_ptr, slot, 0, tl.minimum(j_end * CS, nc), h, H, True, 128)
+                jd = tl.where(last >= 0, last // CS, -1)            # the last segment below j_end with a flagged chunk
+                j_next = jd + 1
+                if jd == j_end - 1:
+                    j = jd
+                    tl.store(gend_ptr + ((r0 + j) * H + h) * BK + offs, g)
+                    t0 = bos + j * SEG
+                    g = adjoint_groups(g, dkt_ptr, k_ptr, beta_ptr, r_ptr, tt_ptr, a_ptr, hs_ptr,
+                                       fs_ptr + (NG * slot * H + h) * BK, flag_ptr, dk_ptr, dbeta_ptr, dr_ptr,
+                                       ckpt_ptr + (NG * slot * H + h) * BK,
+                                       gck_ptr + (NG * slot * H + h) * BK, traj_ptr + (n * H + h) * C * BK, bos, eos,
+                                       slot, j * (SEG // G), j * (SEG // G) + (tl.minimum(SEG, eos - t0) + G - 1) // G,
+                                       h, H, K, eta, d_min, d_max, eps, HAS_R, BETA_AWARE, C, G, BK)
+                    j_next = jd
+                else:       # a run of unflagged segments: their maps
+                    g = adjoint_maps(g, amap_ptr, bmap_ptr, alpha_ptr, gend_ptr, r0, tl.maximum(jd + 1, 1), j_end,
+                                     h, H, True, BK)
+                    if jd < 0:                              # the first segment: its own adjoint chain goes on
+                        tl.store(gend_ptr + (r0 * H + h) * BK + offs, g)
+                j_end = j_next
+            if segment_clean(flag_ptr, slot, 0, tl.minimum(SEG, eos - bos), h, H, SEG, C) == 0:
+                tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
+        else:
+            if ns > 0:      # every map but the first segment's, whose own adjoint chain goes on from gend
+                g = adjoint_maps(g, amap_ptr, bmap_ptr, alpha_ptr, gend_ptr, r0, 1, ns, h, H, False, BK)
                 tl.store(gend_ptr + (r0 * H + h) * BK + offs, g)
-        j_end = j_next
-    if ns == 0:
-        tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
-    elif segment_clean(flag_ptr, slot, 0, tl.minimum(SEG, eos - bos), h, H, SEG, C) == 0:
-        tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
+            else:
+                tl.store(dd0_ptr + (n * H + h) * K + offs, g, mask=offs < K)
 
 
 @triton.jit(do_not_specialize=["T", "NS"])
@@ -374,10 +440,11 @@ def segment_adjoint(dk_tilde, dd_final, k, beta, retention, cu_seqlens, tt, acoe
     dr_arg = dr if retention is not None else k
     hp = (float(eta), float(d_min), float(d_max), float(eps))
     traj = torch.empty(N * H, CHUNK, common["BK"], dtype=torch.float32, device=k.device)
-    _segment_adjoint_carry_kernel[(N, H)](
-        dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, dd0,
-        ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP,
-        num_warps=CARRY_WARPS, **common)
+    for serial, warps in ((False, CARRY_WARPS), (True, SERIAL_CARRY_WARPS)):
+        _segment_adjoint_carry_kernel[(N, H)](
+            dk_tilde, dd_final, k, beta, a["r"], a["cu"], a["first"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg,
+            dd0, ckpt, gck, traj, amap, bmap, alpha, gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware),
+            SERIAL=serial, C=CHUNK, G=GROUP, num_warps=warps, **common)
     _segment_adjoint_kernel[(lay.n_chunks, B * H)](
         dk_tilde, k, beta, a["r"], a["cu"], a["table"], tt, acoef, hs, fs, flags, dk, dbeta, dr_arg, dd0, ckpt, gck,
         gend, T, lay.NT, H, K, *hp, BETA_AWARE=bool(beta_aware), C=CHUNK, G=GROUP, num_warps=chain_warps, **common)
