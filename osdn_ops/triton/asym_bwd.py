@@ -482,7 +482,9 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
-    # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200)
+    # pipelined loads of three [64, 256] half tiles need 368 KB of shared memory (227 KB on the H200); half tiles
+    # of K <= 128 must keep the pipeline: at 1 stage (8 warps, 32-wide V blocks) the launch made an illegal
+    # memory access on the H200 (benchmarks/RESULTS.md, 2026-12-03 13:04)
     stages = DH_STAGES if HALF and BK <= 128 else 1
     BVH = fill_block_v(K, V, N * H, DH_BV, dev)
     _dh[(cdiv(V, BVH), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H, K,
