@@ -29,8 +29,8 @@ FWD = {
                                                deep_stages=(2, 3, 4))),
     "output": (asym_output.OUTPUT_CONFIG, dict(block_v=(64, 128), num_warps=(4, 8), num_stages=(1, 2, 3))),
 }
-#: (DH_WARPS, DH_STAGES, DH_BV, DQKV_WARPS, DQKV_STAGES) tried for the backward (``_dh`` at 4 warps left out: wrong
-#: on the H200 for a property-test shape)
+#: (DH_WARPS, DH_STAGES, DH_BV, DQKV_WARPS, DQKV_STAGES) tried for the backward (``_dh`` at 4 warps with 32- and
+#: 64-wide blocks left out: wrong on the H200 for a property-test shape)
 BWD = [(8, 3, 64, 8, 2), (8, 3, 64, 8, 1), (8, 3, 32, 8, 2), (8, 2, 64, 8, 2), (8, 4, 32, 8, 2), (8, 3, 64, 4, 2),
        (8, 3, 64, 16, 2)]
 

@@ -4,6 +4,7 @@ Tiny shapes (the Triton interpreter on a CPU-only machine, the GPU where there i
 gradient vs autograd of the token-by-token oracle. GPU (skipped without CUDA): real shapes vs
 fp64 autograd of the chunked reference.
 """
+import functools
 import math
 
 import pytest
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 import osdn_ops.triton as ot
 from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
 from osdn_ops.reference import asym as reference
-from osdn_ops.triton import asym_chunks
+from osdn_ops.triton import asym_bwd, asym_chunks, asym_states
 from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 
@@ -161,11 +162,23 @@ def test_wide_fp32_keys_run_the_reference(gate):
 
 @pytest.mark.parametrize("gate", GATES)
 def test_narrow_recurrence_blocks(gate, monkeypatch):
-    """Where few (sequence, head) pairs would leave SMs idle, the state recurrences run 32-wide V blocks
+    """Where few (sequence, head) pairs would leave SMs idle, the state recurrences run narrower V blocks
     (``fill_block_v``): forced here by a GPU of many SMs, every gradient still matches the oracle."""
+    fill = functools.partial(asym_chunks.fill_block_v, device=torch.device("cpu"))
+    monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 12)
+    assert fill(16, 96, 4, 64, True) == 32      # 16-wide: 24 programs on 12 SMs
+    assert fill(256, 96, 4, 64, True) == 64     # K 256: never narrowed
     monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 10 ** 6)
-    assert asym_chunks.fill_block_v(16, 96, 4, 64, torch.device("cpu")) == 32
-    _check(gate, _problem(gate, 70, K=16, V=96, seed=3))
+    assert fill(16, 96, 4, 64, True) == 16
+    assert fill(16, 96, 4, 64, False) == 32     # fp32
+    assert fill(16, 16, 4, 64, True) == 64      # one block covers V at any width
+    assert fill(16, 40, 4, 64, True) == 32      # V not a multiple of 16
+    assert fill(100, 96, 4, 64, True) == 32     # K not a multiple of 16
+    widths = []
+    for mod in (asym_states, asym_bwd):
+        monkeypatch.setattr(mod, "fill_block_v", lambda *a: widths.append(asym_chunks.fill_block_v(*a)) or widths[-1])
+    _check(gate, _problem(gate, 70, dtype=torch.bfloat16, K=16, V=96, seed=3), tol=2e-2)
+    assert widths and set(widths) == {16}, widths
 
 
 # ---------------------------------------------------------------- GPU

@@ -98,15 +98,25 @@ def one_wave(programs: int, device: torch.device) -> bool:
     return programs <= _sm_count(torch.device(device))
 
 
-def fill_block_v(K: int, V: int, NH: int, bv: int, device: torch.device) -> int:
+def fill_block_v(K: int, V: int, NH: int, bv: int, half: bool, device: torch.device) -> int:
     """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
-    two, at most ``block(V)``), halved down to 32 while its ``NH * cdiv(V, bv)`` programs leave SMs idle.
+    two, at most ``block(V)``), halved while the halved grid, ``NH * cdiv(V, bv / 2)`` programs, still runs in
+    one wave (at most one program per SM): down to 32, or to 16 for half-precision inputs (``half``) whose K and
+    V are multiples of 16. Never for K above 128.
 
-    On the H200, S2's 64 programs of 64-wide blocks ran ``chunk_states`` 6-11% and ``_dh`` 15-35% slower than
-    128 programs of 32-wide ones; S1's 256 programs were faster 64-wide (benchmarks/RESULTS.md). Only for
-    K <= 128: with 256-wide K tiles, ``_dh`` with 32-wide V blocks read shared memory out of bounds in bf16
-    (compute-sanitizer memcheck, H200, Triton 3.6)."""
-    while K <= 128 and bv > 32 and V > bv // 2 and NH * cdiv(V, bv) < _sm_count(torch.device(device)):
+    A program's chunk step is the recurrence's whole time; a narrower block shortens it as long as the extra
+    programs find idle SMs. H200, bf16, K = V = 128 (benchmarks/RESULTS.md): S2 (32 sequence-heads) ran
+    ``chunk_states`` 6-11% and ``_dh`` 15-35% faster as 128 programs of 32-wide blocks than as 64 of 64-wide, and
+    slower as 256 of 16-wide (ms: ``_dh`` 0.152 -> 0.186, states 0.065 -> 0.100); S3 (8 sequence-heads) and
+    B 2, T 16384, H 8 (16) ran faster 16-wide (``_dh`` 1.175 -> 0.721 and 0.591 -> 0.363 at 4 warps, the states
+    0.491 -> 0.383); S1's 256 programs were faster 64-wide.
+
+    The limits come from compute-sanitizer memcheck (H200, Triton 3.6, bf16), which found ``_dh``'s products
+    reading shared memory out of bounds with 256-wide K tiles at 32-wide V blocks, and at K 100, V 40 with
+    16-wide ones; K / V 128 / 128, 64 / 48 and 32 / 96 at 16 ran clean with every gate. fp32 was not checked
+    at 16."""
+    floor = 16 if half and K % 16 == 0 and V % 16 == 0 else 32
+    while K <= 128 and bv > floor and V > bv // 2 and NH * cdiv(V, bv // 2) <= _sm_count(torch.device(device)):
         bv //= 2
     return bv
 
