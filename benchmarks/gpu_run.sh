@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_run.sh OUT_DIR [all|tests|bench] [seconds for the GPU tests]
 # Steps: versions; "tests": every test that runs on CUDA when a GPU is present (Triton kernels vs the float64
 # reference on the benchmark shapes and on the tiny shapes that CI runs through the interpreter, opcheck on
-# CUDA, CUDA graphs, the property tests on real shapes, the benchmark smoke tests) in parallel processes, each
+# CUDA, CUDA graphs, the property tests on real shapes (the asym kernels' also with random examples), the benchmark
+# smoke tests, compute-sanitizer memcheck of the asym kernels where the machine has it) in parallel processes, each
 # limited to the given seconds. ONLY=REGEX runs only the groups whose names match, SKIP=REGEX all but those. On a
 # fresh 16-core machine all of it takes more than one ten-minute call: SKIP='small|other|api|bench|launch' about
 # seven minutes, then ONLY='small|other|api|bench|launch' (the tiny-shape kernel tests compile a variant per
@@ -35,11 +36,12 @@ if [ "$mode" != bench ]; then
   # fresh machine's test time), and a GPU fault in one process cannot take the others' CUDA context down.
   # Each random-shape case runs in a process of its own, so that a fault names its case. Logs: OUT_DIR/tests/.
   mkdir -p "$out/tests"; pids=()
-  group() { local name=$1; shift
+  job() { local name=$1; shift
     if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return; fi
     if [ -n "${SKIP:-}" ] && [[ $name =~ $SKIP ]]; then return; fi
-    ( timeout "$tests_s" python3 -m pytest -q -p no:cacheprovider --durations=5 "$@" > "$out/tests/$name.log" 2>&1
+    ( timeout "$tests_s" "$@" > "$out/tests/$name.log" 2>&1
       echo "$name exit $?" >> "$out/tests/summary.txt" ) & pids+=($!); }
+  group() { local name=$1; shift; job "$name" python3 -m pytest -q -p no:cacheprovider --durations=5 "$@"; }
   # first, alone: the tensors of more than 2^31 elements need up to 100 GB of free GPU memory (else they skip)
   group over_2_31 -k "2_31 or int64" tests/test_triton_asym_bwd.py tests/test_triton_asym_fwd.py tests/test_triton_precond.py
   wait "${pids[@]}"; pids=()
@@ -63,6 +65,15 @@ if [ "$mode" != bench ]; then
   # property tests: every drawn shape compiles new kernel variants, so they run in several processes
   group property_precond -k precond property_tests/test_kernel_vs_reference.py
   group property_asym -k asym property_tests/test_kernel_vs_reference.py
+  # random examples (the ci profile is derandomized), launches synchronous so that a fault names its kernel
+  CUDA_LAUNCH_BLOCKING=1 HYPOTHESIS_PROFILE=dev group property_asym_random -k asym_triton \
+    property_tests/test_kernel_vs_reference.py
+  # out-of-bounds accesses of the asym kernels on small grids (their narrowest V blocks), one gate a process
+  if command -v compute-sanitizer > /dev/null; then
+    for gate in none scalar channel; do
+      job "memcheck_$gate" compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/memcheck_asym.py $gate
+    done
+  fi
   group property_reduction_fla -k fla property_tests/test_reduction.py
   group property_reduction_triton -k triton property_tests/test_reduction.py
   for prop in clamp composition descent right_preconditioning; do
