@@ -65,9 +65,10 @@ if [ "$mode" != bench ]; then
   # property tests: every drawn shape compiles new kernel variants, so they run in several processes
   group property_precond -k precond property_tests/test_kernel_vs_reference.py
   group property_asym -k asym property_tests/test_kernel_vs_reference.py
-  # random examples (the ci profile is derandomized), launches synchronous so that a fault names its kernel
+  # random examples (the ci profile is derandomized), each one's sizes printed before it runs and launches
+  # synchronous, so that a fault names its kernel and its example
   CUDA_LAUNCH_BLOCKING=1 HYPOTHESIS_PROFILE=dev group property_asym_random -k asym_triton \
-    property_tests/test_kernel_vs_reference.py
+    --hypothesis-verbosity=verbose -s property_tests/test_kernel_vs_reference.py
   # out-of-bounds accesses of the asym kernels on small grids (their narrowest V blocks), one gate a process
   if command -v compute-sanitizer > /dev/null; then
     for gate in none scalar channel; do

@@ -126,6 +126,19 @@ class Problem:
     gate: str
     shape: Shape = field(repr=False, default=None)
 
+    def __repr__(self) -> str:
+        """Sizes, not values: what Hypothesis prints for an example (e.g. with ``--hypothesis-verbosity=verbose``,
+        before each one runs)."""
+        B, T, H, K = self.q.shape
+        cu = None if self.cu_seqlens is None else self.cu_seqlens.tolist()
+        return (f"Problem(gate={self.gate!r}, B={B}, T={T}, H={H}, K={K}, V={self.v.shape[-1]}, dtype={self.q.dtype}, "
+                f"cu_seqlens={cu}, initial_state={self.initial_state is not None}, scale={self.scale:.4g}, "
+                f"device={self.q.device})")
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        """Hypothesis's printer: the same sizes (it would otherwise print every field's values)."""
+        printer.text(repr(self))
+
     def tensors(self) -> dict:
         """The differentiable tensor inputs in the op's argument order (None ones left out)."""
         named = dict(q=self.q, k=self.k, k_tilde=self.k_tilde, v=self.v, g=self.g, beta=self.beta,
