@@ -116,7 +116,7 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, half: bool, device: torch.dev
     16-wide ones; K / V 128 / 128, 64 / 48 and 32 / 96 at 16 ran clean with every gate. fp16 inputs, which take
     the same blocks, were not memchecked at 16; fp32 ones (not checked either) keep 32."""
     floor = 16 if half and K % 16 == 0 and V % 16 == 0 else 32
-    while K <= 128 and bv > floor and V > bv // 2 and NH * cdiv(V, bv // 2) <= _sm_count(torch.device(device)):
+    while K <= 128 and bv > floor and V > bv // 2 and one_wave(NH * cdiv(V, bv // 2), device):
         bv //= 2
     return bv
 
