@@ -72,7 +72,7 @@ if [ "$mode" != bench ]; then
   # out-of-bounds accesses of the asym kernels on small grids (their narrowest V blocks), one gate a process
   if command -v compute-sanitizer > /dev/null; then
     for gate in none scalar channel; do
-      job "memcheck_$gate" compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/memcheck_asym.py $gate
+      job "memcheck_$gate" compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/memcheck_asym.py $gate --dtypes bfloat16,float16,float32
     done
   fi
   group property_reduction_fla -k fla property_tests/test_reduction.py

@@ -1,14 +1,15 @@
 """Forward and backward of the asym ops on small grids, a workload for compute-sanitizer.
 
-    PYTHONPATH=. compute-sanitizer --tool memcheck python benchmarks/memcheck_asym.py [GATE ...]   # none scalar channel
+    PYTHONPATH=. compute-sanitizer --tool memcheck python benchmarks/memcheck_asym.py [GATE ...] [--dtypes D,...]
 
-Each case (bf16, B 1, T 200, H 2, an initial state; K, V and packing below) runs the Triton op forward and
+GATE: none, scalar, channel (default all three); D: bfloat16 (default), float16, float32.
+Each case (each dtype, B 1, T 200, H 2, an initial state; K, V and packing below) runs the Triton op forward and
 backward and prints whether every output and gradient is finite. With two sequence-heads every grid leaves SMs
 idle, so the chunk recurrences take their narrowest V blocks (``fill_block_v``): 16-wide where K and V are
-multiples of 16, 32-wide elsewhere. An out-of-bounds access shows in the sanitizer's report, not here.
+multiples of 16 with half-precision inputs, 32-wide elsewhere. An out-of-bounds access shows in the sanitizer's report, not here.
 Without a GPU it runs on the CPU (Triton interpreter, ``TRITON_INTERPRET=1``), where the grids are not narrowed.
 """
-import sys
+import argparse
 
 import torch
 
@@ -16,14 +17,15 @@ import osdn_ops.triton as ot
 from tests.inputs import asym_call, asym_problem
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
+T = 200
 #: (K, V, cu_seqlens)
 CASES = [(128, 128, None), (64, 48, [0, 70, 200]), (32, 96, None), (100, 40, None), (100, 128, [0, 70, 200])]
 OPS = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
 
 
-def run(gate: str, K: int, V: int, cu, seed: int) -> list[str]:
+def run(gate: str, K: int, V: int, cu, dtype: torch.dtype, seed: int) -> list[str]:
     """Names of the non-finite ones among the output, the final state and the inputs' gradients."""
-    x = asym_problem(gate, B=1, T=200, H=2, K=K, V=V, dtype=torch.bfloat16, cu_seqlens=cu, requires_grad=True,
+    x = asym_problem(gate, B=1, T=T, H=2, K=K, V=V, dtype=dtype, cu_seqlens=cu, requires_grad=True,
                      seed=seed, device=DEV)
     o, final = asym_call(OPS[gate], gate, x)
     torch.autograd.backward((o, final), (torch.randn_like(o), torch.randn_like(final)))
@@ -32,11 +34,18 @@ def run(gate: str, K: int, V: int, cu, seed: int) -> list[str]:
     return [n for n, t in named.items() if not torch.isfinite(t).all()]
 
 
-def main(gates):
-    for gate in gates:
-        for seed, (K, V, cu) in enumerate(CASES):
-            print(f"gate {gate} K {K} V {V} cu_seqlens {cu}: non-finite {run(gate, K, V, cu, seed)}", flush=True)
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("gates", nargs="*", choices=list(OPS), default=list(OPS))
+    ap.add_argument("--dtypes", default="bfloat16", help="comma list of bfloat16, float16, float32")
+    args = ap.parse_args(argv)
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    for gate in args.gates:
+        for dtype in dtypes:
+            for seed, (K, V, cu) in enumerate(CASES):
+                bad = run(gate, K, V, cu, dtype, seed)
+                print(f"gate {gate} {dtype} K {K} V {V} cu_seqlens {cu}: non-finite {bad}", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["none", "scalar", "channel"])
+    main()
