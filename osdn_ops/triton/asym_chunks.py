@@ -98,11 +98,11 @@ def one_wave(programs: int, device: torch.device) -> bool:
     return programs <= _sm_count(torch.device(device))
 
 
-def fill_block_v(K: int, V: int, NH: int, bv: int, half: bool, device: torch.device) -> int:
+def fill_block_v(K: int, V: int, NH: int, bv: int, narrow: bool, device: torch.device) -> int:
     """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
     two, at most ``block(V)``), halved while the halved grid, ``NH * cdiv(V, bv / 2)`` programs, still runs in
-    one wave (at most one program per SM): down to 32, or to 16 for half-precision inputs (``half``) whose K and
-    V are multiples of 16. Never for K above 128.
+    one wave (at most one program per SM): down to 32, or to 16 where the caller allows it (``narrow``: its
+    kernel was memchecked at 16 for that input) and K and V are multiples of 16. Never for K above 128.
 
     A program's chunk step is the recurrence's whole time; a narrower block shortens it as long as the extra
     programs find idle SMs. H200, bf16, K = V = 128 (benchmarks/RESULTS.md): S2 (32 sequence-heads) ran
@@ -111,11 +111,11 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, half: bool, device: torch.dev
     B 2, T 16384, H 8 (16) ran faster 16-wide (``_dh`` 1.175 -> 0.721 and 0.591 -> 0.363 at 4 warps, the states
     0.491 -> 0.383); S1's 256 programs were faster 64-wide.
 
-    The limits come from compute-sanitizer memcheck (H200, Triton 3.6, bf16), which found ``_dh``'s products
-    reading shared memory out of bounds with 256-wide K tiles at 32-wide V blocks, and at K 100, V 40 with
-    16-wide ones; K / V 128 / 128, 64 / 48 and 32 / 96 at 16 ran clean with every gate. fp16 inputs, which take
-    the same blocks, were not memchecked at 16; fp32 ones (not checked either) keep 32."""
-    floor = 16 if half and K % 16 == 0 and V % 16 == 0 else 32
+    The limits come from compute-sanitizer memcheck (H200, Triton 3.6), which found ``_dh``'s products reading
+    shared memory out of bounds with 256-wide K tiles at 32-wide V blocks, and at 16-wide ones for bf16 at K 100,
+    V 40 and for fp16 without a gate at K = V = 128; bf16 at K / V 128 / 128, 64 / 48 and 32 / 96 ran clean at 16
+    with every gate, as did the state kernel for bf16 and fp16."""
+    floor = 16 if narrow and K % 16 == 0 and V % 16 == 0 else 32
     while K <= 128 and bv > floor and V > bv // 2 and one_wave(NH * cdiv(V, bv // 2), device):
         bv //= 2
     return bv
@@ -297,7 +297,12 @@ def referenced_scores(a_ptr, b_ptr, G, start, n, i_h, H, K: tl.constexpr, BK: tl
     b = load_tile(b_ptr, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
     a = a * tl.exp(tl.where(rv[:, None], Gc - g0[None, :], float("-inf")))
     b = b * tl.exp(tl.where(rv[:, None], g0[None, :] - Gc, float("-inf")))
-    x = mma(a, tl.trans(b), OP)
+    if OP == tl.float16:
+        # fp16 holds neither factor (up to e^REF_SPAN, from e^-REF_SPAN): one tf32 pass, fp16's mantissa in fp32's
+        # range (H200: every output of an fp16 channel-gated op was inf/NaN with the product in fp16)
+        x = tl.dot(a, tl.trans(b), input_precision="tf32")
+    else:
+        x = mma(a, tl.trans(b), OP)
     if STRICT:
         m = r[:, None] > r[None, :]
     else:
