@@ -166,14 +166,15 @@ def test_narrow_recurrence_blocks(gate, monkeypatch):
     (``fill_block_v``): forced here by a GPU of many SMs, every gradient still matches the oracle."""
     fill = functools.partial(asym_chunks.fill_block_v, device=torch.device("cpu"))
     monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 12)
-    assert fill(16, 96, 4, 64, True) == 32      # 16-wide: 24 programs on 12 SMs
-    assert fill(256, 96, 4, 64, True) == 64     # K 256: never narrowed
+    assert fill(16, 96, 4, 64, 16) == 32        # 16-wide: 24 programs on 12 SMs
+    assert fill(256, 96, 4, 64, 16) == 64       # K 256: never narrowed
     monkeypatch.setattr(asym_chunks, "_sm_count", lambda device: 10 ** 6)
-    assert fill(16, 96, 4, 64, True) == 16
-    assert fill(16, 96, 4, 64, False) == 32     # 16 not allowed by the caller
-    assert fill(16, 16, 4, 64, True) == 64      # one block covers V at any width
-    assert fill(16, 40, 4, 64, True) == 32      # V not a multiple of 16
-    assert fill(100, 96, 4, 64, True) == 32     # K not a multiple of 16
+    assert fill(16, 96, 4, 64, 16) == 16
+    assert fill(16, 96, 4, 64, 32) == 32        # the caller's narrowest
+    assert fill(16, 96, 4, 64, 64) == 64
+    assert fill(16, 16, 4, 64, 16) == 64        # one block covers V at any width
+    assert fill(16, 40, 4, 64, 16) == 32        # V not a multiple of 16
+    assert fill(100, 96, 4, 64, 16) == 32       # K not a multiple of 16
     widths = {}
     for mod in (asym_states, asym_bwd):
         def record(*a, name=mod.__name__):
@@ -233,7 +234,8 @@ def test_gpu_strong_decay(gate, dtype):
 def test_gpu_fp16(gate, B, H):
     """fp16 inputs, on a grid of two sequence-heads (the recurrences' narrowest V blocks) and of 160: output, final
     state and every gradient. The channel gates' in-chunk cumulative sums reach about -50, whose factors
-    ``e^{+-50}`` no fp16 holds (every output was inf/NaN on the H200 while the scores were an fp16 product)."""
+    ``e^{+-50}`` no fp16 holds (every output was inf/NaN on the H200 while the scores were an fp16 product); on two
+    sequence-heads ``_dh``'s 32-wide V blocks gave a wrong ``dk`` without a gate (so fp16 keeps 64-wide ones)."""
     x = _gpu(gate, B, 200, H, 128, 128, dtype=torch.float16, seed=9)
     o, s = _triton(gate, x, 0.37)
     _, o64, s64 = _oracle(asym_chunked, gate, x, 0.37)

@@ -55,10 +55,20 @@ from .host_math import cdiv
 #: shape of the property tests (an illegal memory access and a wrong initial-state gradient; benchmarks/RESULTS.md)
 DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
 #: warps of ``_dh`` with 16-wide V blocks (the smallest grids): H200, S3 (32768 tokens, 8 heads) 1.080 ms at
-#: 8 warps, 0.721 at 4, 37 at 2. Only bf16 inputs without the channel gate take them: with fp16 inputs and no gate
-#: the products read shared memory out of bounds (compute-sanitizer, K = V = 128); with the channel gate, S3 took
-#: 3.887 ms at 4 warps and 2.783 at 8 against 2.569 with 32-wide blocks at 8 (benchmarks/RESULTS.md).
+#: 8 warps, 0.721 at 4, 37 at 2.
 DH_NARROW_WARPS = 4
+
+
+def _dh_narrowest(dtype: torch.dtype, GATE: int) -> int:
+    """Narrowest V block ``_dh`` takes (``fill_block_v``) for inputs of ``dtype``; H200, K = V = 128
+    (benchmarks/RESULTS.md, 2026-12-03): bf16 16 without the channel gate (with it S3 took 3.887 ms 16-wide at 4 warps,
+    2.783 at 8, against 2.569 32-wide), fp32 32; fp16 never narrower than ``DH_BV``: without a gate its 16-wide
+    products read shared memory out of bounds (compute-sanitizer) and 32-wide ones gave a wrong ``dk`` (relative
+    error 0.96 on two sequence-heads, no memory error), while the same inputs on 160 sequence-heads (64-wide) were
+    right for every gate."""
+    if dtype == torch.float16:
+        return DH_BV
+    return 16 if dtype == torch.bfloat16 and GATE < 2 else 32
 #: warps of ``_dqkv``, and its stages for half inputs with K <= 128 and no channel gate (the loads of its loops over
 #: V blocks pipelined; H200, S1 ms: 0.639 -> 0.622 ungated, 0.991 -> 0.928 with the scalar gate; the channel gate
 #: got slower, 2.308 -> 2.469)
@@ -491,7 +501,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # of K <= 128 must keep the pipeline: at 1 stage (8 warps, 32-wide V blocks) the launch made an illegal
     # memory access on the H200 (benchmarks/RESULTS.md, 2026-12-03 13:04)
     stages = DH_STAGES if HALF and BK <= 128 else 1
-    BVH = fill_block_v(K, V, N * H, DH_BV, q.dtype == torch.bfloat16 and GATE < 2, dev)
+    BVH = fill_block_v(K, V, N * H, DH_BV, _dh_narrowest(q.dtype, GATE), dev)
     warps = DH_NARROW_WARPS if BVH < 32 else DH_WARPS
     _dh[(cdiv(V, BVH), N * H)](q, k_tilde, W, Gp, do, dvl, dht, dh, dh0, dvn, first, cu, T, lay.NT, scale, H, K,
                                V, BK, BVH, GATE, PREC, HALF, VARLEN, num_warps=warps, num_stages=stages)

@@ -98,11 +98,12 @@ def one_wave(programs: int, device: torch.device) -> bool:
     return programs <= _sm_count(torch.device(device))
 
 
-def fill_block_v(K: int, V: int, NH: int, bv: int, narrow: bool, device: torch.device) -> int:
+def fill_block_v(K: int, V: int, NH: int, bv: int, narrowest: int, device: torch.device) -> int:
     """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
     two, at most ``block(V)``), halved while the halved grid, ``NH * cdiv(V, bv / 2)`` programs, still runs in
-    one wave (at most one program per SM): down to 32, or to 16 where the caller allows it (``narrow``: its
-    kernel was memchecked at 16 for that input) and K and V are multiples of 16. Never for K above 128.
+    one wave (at most one program per SM), down to ``narrowest``: the narrowest block the caller's kernel has
+    been checked with on the GPU for its input (16, 32, or ``bv``: never halved); 16 only where K and V are
+    multiples of 16 (else 32). Never for K above 128.
 
     A program's chunk step is the recurrence's whole time; a narrower block shortens it as long as the extra
     programs find idle SMs. H200, bf16, K = V = 128 (benchmarks/RESULTS.md): S2 (32 sequence-heads) ran
@@ -115,7 +116,7 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, narrow: bool, device: torch.d
     shared memory out of bounds with 256-wide K tiles at 32-wide V blocks, and at 16-wide ones for bf16 at K 100,
     V 40 and for fp16 without a gate at K = V = 128; bf16 at K / V 128 / 128, 64 / 48 and 32 / 96 ran clean at 16
     with every gate, as did the state kernel for bf16 and fp16."""
-    floor = 16 if narrow and K % 16 == 0 and V % 16 == 0 else 32
+    floor = 32 if narrowest == 16 and (K % 16 or V % 16) else narrowest
     while K <= 128 and bv > floor and V > bv // 2 and one_wave(NH * cdiv(V, bv // 2), device):
         bv //= 2
     return bv

@@ -110,7 +110,7 @@ def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], ini
     if N * H == 0:
         return h, v_new, final
     cfg = STATES_CONFIG
-    BV = fill_block_v(K, V, N * H, min(block(V), cfg["block_v"]), W.element_size() == 2, W.device)
+    BV = fill_block_v(K, V, N * H, min(block(V), cfg["block_v"]), 16 if W.element_size() == 2 else 32, W.device)
     stages = cfg["num_stages"]
     if W.element_size() == 2 and block(K) <= 128 and one_wave(N * H * cdiv(V, BV), W.device):
         stages = min(cfg["deep_stages"], 3) if gate == "channel" else cfg["deep_stages"]
