@@ -58,6 +58,11 @@ DH_WARPS, DH_STAGES, DH_BV = 8, 3, 64
 #: 8 warps, 0.721 at 4, 37 at 2.
 DH_NARROW_WARPS = 4
 
+#: warps of ``_dqkv``, and its stages for half inputs with K <= 128 and no channel gate (the loads of its loops over
+#: V blocks pipelined; H200, S1 ms: 0.639 -> 0.622 ungated, 0.991 -> 0.928 with the scalar gate; the channel gate
+#: got slower, 2.308 -> 2.469)
+DQKV_WARPS, DQKV_STAGES = 8, 2
+
 
 def _dh_narrowest(dtype: torch.dtype, GATE: int) -> int:
     """Narrowest V block ``_dh`` takes (``fill_block_v``) for inputs of ``dtype``; H200, K = V = 128
@@ -69,10 +74,6 @@ def _dh_narrowest(dtype: torch.dtype, GATE: int) -> int:
     if dtype == torch.float16:
         return DH_BV
     return 16 if dtype == torch.bfloat16 and GATE < 2 else 32
-#: warps of ``_dqkv``, and its stages for half inputs with K <= 128 and no channel gate (the loads of its loops over
-#: V blocks pipelined; H200, S1 ms: 0.639 -> 0.622 ungated, 0.991 -> 0.928 with the scalar gate; the channel gate
-#: got slower, 2.308 -> 2.469)
-DQKV_WARPS, DQKV_STAGES = 8, 2
 
 
 @triton.jit
