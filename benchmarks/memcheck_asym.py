@@ -5,7 +5,7 @@
 GATE: none, scalar, channel (default all three); D: bfloat16 (default), float16, float32.
 Each case (each dtype, B 1, T 200, H 2, an initial state; K, V and packing below) runs the Triton op forward and
 backward and prints whether every output and gradient is finite. With two sequence-heads every grid leaves SMs
-idle, so the chunk recurrences take the narrowest V blocks they allow for the input (``fill_block_v``; 16-wide
+idle, so the chunk recurrences take the narrowest V blocks they allow for the input (``fill_block_v``; narrowed
 only where K and V are multiples of 16). An out-of-bounds access shows in the sanitizer's report, not here.
 Without a GPU it runs on the CPU (Triton interpreter, ``TRITON_INTERPRET=1``), where the grids are not narrowed.
 """

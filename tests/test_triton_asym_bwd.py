@@ -173,8 +173,8 @@ def test_narrow_recurrence_blocks(gate, monkeypatch):
     assert fill(16, 96, 4, 64, 32) == 32        # the caller's narrowest
     assert fill(16, 96, 4, 64, 64) == 64
     assert fill(16, 16, 4, 64, 16) == 64        # one block covers V at any width
-    assert fill(16, 40, 4, 64, 16) == 32        # V not a multiple of 16
-    assert fill(100, 96, 4, 64, 16) == 32       # K not a multiple of 16
+    assert fill(16, 40, 4, 64, 16) == 64        # V not a multiple of 16: never narrowed
+    assert fill(100, 96, 4, 64, 16) == 64       # K not a multiple of 16: never narrowed
     widths = {}
     for mod in (asym_states, asym_bwd):
         def record(*a, name=mod.__name__):
@@ -241,6 +241,17 @@ def test_gpu_fp16(gate, B, H):
     _, o64, s64 = _oracle(asym_chunked, gate, x, 0.37)
     assert o.dtype == torch.float16 and rel_rms(o, o64) < 1e-2 and rel_rms(s, s64) < 1e-2
     _check(gate, x, fn=asym_chunked, tol=_tol(torch.float16))
+
+
+@cuda
+@pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("K, V, T", [(105, 61, 65), (100, 40, 128), (128, 64, 65)])
+def test_gpu_narrow_blocks(gate, dtype, K, V, T):
+    """Four sequence-heads, an initial state: the recurrences take their narrowest V blocks (``fill_block_v``).
+    Without a gate, bf16, K 105 / V 61 and K 100 / V 40, ``_dh``'s 32- and 16-wide blocks gave a wrong initial-state
+    gradient on the H200 (so K and V not multiples of 16 keep 64-wide blocks)."""
+    _check(gate, _gpu(gate, 1, T, 4, K, V, dtype=dtype, seed=11), fn=asym_chunked, tol=_tol(dtype))
 
 
 @cuda

@@ -102,8 +102,10 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, narrowest: int, device: torch
     """V block of a recurrence over chunks with one program per (V block, sequence, head): ``bv`` (a power of
     two, at most ``block(V)``), halved while the halved grid, ``NH * cdiv(V, bv / 2)`` programs, still runs in
     one wave (at most one program per SM), down to ``narrowest``: the narrowest block the caller's kernel has
-    been checked with on the GPU for its input (16, 32, or ``bv``: never halved); 16 only where K and V are
-    multiples of 16 (else 32). Never for K above 128.
+    been checked with on the GPU for its input (16, 32, or ``bv``: never halved). Only where K and V are
+    multiples of 16 (K 105 / V 61 and K 100 / V 40, bf16 without a gate: ``_dh``'s 32- and 16-wide blocks gave a
+    wrong initial-state gradient or an illegal memory access on the H200, 64-wide ones were right), never for K
+    above 128.
 
     A program's chunk step is the recurrence's whole time; a narrower block shortens it as long as the extra
     programs find idle SMs. H200, bf16, K = V = 128 (benchmarks/RESULTS.md): S2 (32 sequence-heads) ran
@@ -116,8 +118,9 @@ def fill_block_v(K: int, V: int, NH: int, bv: int, narrowest: int, device: torch
     shared memory out of bounds with 256-wide K tiles at 32-wide V blocks, and at 16-wide ones for bf16 at K 100,
     V 40 and for fp16 without a gate at K = V = 128; bf16 at K / V 128 / 128, 64 / 48 and 32 / 96 ran clean at 16
     with every gate, as did the state kernel for bf16 and fp16."""
-    floor = 32 if narrowest == 16 and (K % 16 or V % 16) else narrowest
-    while K <= 128 and bv > floor and V > bv // 2 and one_wave(NH * cdiv(V, bv // 2), device):
+    if K > 128 or K % 16 or V % 16:
+        return bv
+    while bv > narrowest and V > bv // 2 and one_wave(NH * cdiv(V, bv // 2), device):
         bv //= 2
     return bv
 
