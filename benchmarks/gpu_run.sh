@@ -59,6 +59,7 @@ if [ "$mode" != bench ]; then
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
   group backward_fp16 -k "gpu and fp16" tests/test_triton_asym_bwd.py
+  group backward_narrow -k "gpu and narrow" tests/test_triton_asym_bwd.py
   group backward_launch_settings -k "gpu and launch_settings" tests/test_triton_asym_bwd.py
   group api -k gpu tests/test_api.py
   group bench_smoke benchmarks/test_ops_bench.py
@@ -70,11 +71,12 @@ if [ "$mode" != bench ]; then
   # synchronous, so that a fault names its kernel and its example
   CUDA_LAUNCH_BLOCKING=1 HYPOTHESIS_PROFILE=dev group property_asym_random -k asym_triton \
     --hypothesis-verbosity=verbose -s property_tests/test_kernel_vs_reference.py
-  # out-of-bounds accesses of the asym kernels on small grids (their narrowest V blocks), one gate a process
+  # out-of-bounds accesses of the asym kernels on small grids (their narrowest V blocks), one gate and dtype a
+  # process (the three dtypes of the channel gate took over 400 s in one)
   if command -v compute-sanitizer > /dev/null; then
-    for gate in none scalar channel; do
-      job "memcheck_$gate" compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/memcheck_asym.py $gate --dtypes bfloat16,float16,float32
-    done
+    for gate in none scalar channel; do for dt in bfloat16 float16 float32; do
+      job "memcheck_${gate}_$dt" compute-sanitizer --tool memcheck --error-exitcode 3 python3 benchmarks/memcheck_asym.py $gate --dtypes $dt
+    done; done
   fi
   group property_reduction_fla -k fla property_tests/test_reduction.py
   group property_reduction_triton -k triton property_tests/test_reduction.py
