@@ -248,9 +248,9 @@ def test_gpu_fp16(gate, B, H):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("K, V, T", [(105, 61, 65), (100, 40, 128), (128, 64, 65)])
 def test_gpu_narrow_blocks(gate, dtype, K, V, T):
-    """Four sequence-heads, an initial state: the recurrences take their narrowest V blocks (``fill_block_v``).
-    Without a gate, bf16, K 105 / V 61 and K 100 / V 40, ``_dh``'s 32- and 16-wide blocks gave a wrong initial-state
-    gradient on the H200 (so K and V not multiples of 16 keep 64-wide blocks)."""
+    """Four sequence-heads, an initial state: a grid that leaves SMs idle, where the recurrences narrow their V blocks
+    (``fill_block_v``) if K and V are multiples of 16 (128 / 64). Without a gate, bf16, K 105 / V 61 and K 100 / V 40,
+    ``_dh``'s 32- and 16-wide blocks gave a wrong initial-state gradient on the H200, so those keep 64-wide blocks."""
     _check(gate, _gpu(gate, 1, T, 4, K, V, dtype=dtype, seed=11), fn=asym_chunked, tol=_tol(dtype))
 
 
