@@ -213,16 +213,33 @@ def _chunked_bwd(q, k, kt, v, g, beta, do, states, *, scale, gate, C):
     dkt = dkt + (d["kt_end"] if c["tail"] is None else d["kt_end"] * c["tail"])
     parts = [dq, dk, dkt, dv]
     if gate != "none":
-        red = (lambda x: x.sum(-1, keepdim=True)) if gate == "scalar" else (lambda x: x)  # noqa: E731
-        dG = dlogE.sum(-2) - dlogE.sum(-3)                                   # [.., C, K or 1]
-        dG = dG + red(d["qg"] * c["qg"]) + red(dkg * c["kg"])
-        end = red(d["kt_end"] * c["kt_end"])
-        dG = dG - end
-        dG[..., -1, :] += end.sum(-2) + (d["last"] * c["last"])[..., 0, :]
-        parts.append(dG.flip(-2).cumsum(-2).flip(-2))                       # dg = reverse cumsum in the chunk
+        parts.append(_dg_straddle(dlogE, d, c, dkg, gate))
     parts.append(db)
     grads = torch.cat([_unchunk(x, T) for x in parts], -1)
     return grads, dS
+
+
+def _exclusive_cumsum(x, dim):
+    """``y_s = sum_{j < s} x_j`` along ``dim`` (sums only: no difference of two running sums)."""
+    return x.cumsum(dim).roll(1, dim).index_fill(dim, torch.zeros(1, dtype=torch.long, device=x.device), 0)
+
+
+def _dg_straddle(dlogE, d, c, dkg, gate):
+    """``dg [.., C, K or 1]`` of a chunk as sums of decayed terms only.
+
+    Every decay is ``e^{G_a - G_b}`` (``a >= b``; ``b`` may be the chunk start, ``a`` its end) and ``g_s`` moves
+    exactly the factors with ``b < s <= a``: ``dg_s`` sums ``m_ab = D_ab dL/dD_ab`` over those. The pairs of the
+    scores and of ``A`` (``dlogE [.., t, j, K or 1]``) give ``sum_{t >= s} sum_{j < s} dlogE[t, j]``; the state reads
+    (``q e^G``, ``k e^G``: start to ``t``) a reverse cumsum; the state writes (``kt e^{G_L - G_j}``) an exclusive
+    cumsum; the carried state ``e^{G_L}`` every row. The shorter form, the reverse cumsum of ``q dq + k dk - kt dkt``,
+    is equal in exact arithmetic but subtracts O(1) terms of pairs that do not straddle ``s`` (the score diagonal,
+    undecayed pairs): under decays near ``e^-20`` its rounding error exceeds ``dg`` itself."""
+    red = (lambda x: x.sum(-1, keepdim=True)) if gate == "scalar" else (lambda x: x)  # noqa: E731
+    incl = c["incl"][..., None]                                              # [t, s, 1]: t >= s
+    pairs = (_exclusive_cumsum(dlogE, -2) * incl).sum(-3)                   # [.., s, K or 1]
+    reads = red(d["qg"] * c["qg"]) + red(dkg * c["kg"])
+    writes = red(d["kt_end"] * c["kt_end"])
+    return pairs + reads.flip(-2).cumsum(-2).flip(-2) + _exclusive_cumsum(writes, -2) + d["last"] * c["last"]
 
 
 def asym_chunked(q, k, k_tilde, v, g, beta, initial_state=None, *, scale, gate, cu_seqlens=None,
