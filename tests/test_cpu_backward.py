@@ -5,7 +5,7 @@ import torch
 from osdn_ops.reference import (GATES, asym_recurrent, chunk_asym_bwd, precond_scan_bwd,
                                 precond_scan_recurrent)
 
-from .inputs import asym_problem, precond_problem
+from .inputs import asym_problem, precond_problem, rel_rms
 
 ASYM_NAMES = ("q", "k", "k_tilde", "v", "g", "beta", "initial_state")
 
@@ -50,11 +50,6 @@ def test_precond_backward_kernel(beta_aware, eta, cu):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=lambda m: f"d{name}: {m}")
 
 
-def _rel(x, ref):
-    x, ref = x.double(), ref.double()
-    return ((x - ref).norm() / ref.norm()).item()
-
-
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("decay", ["all -20", "0 or -20", "uniform to -20"])
 @pytest.mark.parametrize("T,cu", [(2, [0, 2, 2]), (70, None)])
@@ -76,4 +71,4 @@ def test_asym_backward_kernel_strong_decay_fp32(gate, decay, T, cu):
     got = dict(zip(ASYM_NAMES, got))
     for name, r in zip(names, ref):
         assert got[name].dtype == x[name].dtype
-        assert _rel(got[name], r) < 1e-4, (name, _rel(got[name], r))
+        assert rel_rms(got[name], r) < 1e-4, (name, rel_rms(got[name], r))
