@@ -21,7 +21,10 @@ gradient of the state at its end)::
 3. gate: every exponent is a difference G_t - G_j or G_L - G_t (never e^{-G} alone, so g down
    to -20 per token cannot overflow), hence dG = q dQ + k dK - kt dKt per token (and channel),
    plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
-   dg = reverse cumsum of dG within the chunk (summed over channels for the scalar gate).
+   dg = reverse cumsum of dG within the chunk for the channel gate's near chunks. The scalar gate and
+   the channel gate's far chunks form the same sum from decayed terms only (``_scalar_dg``, ``_channel_far``),
+   which keeps dg's relative accuracy where every decay is near e^-20 (the reverse cumsum subtracts O(1)
+   undecayed terms there; near chunks, whose decays stay within e^-REF_SPAN, still do).
 
 The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
 fp32); G, W, U (formed from the kept T), the chunk-start states S and Vn are recomputed with the
@@ -293,14 +296,16 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
 
 @triton.jit
 def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate, a chunk that is not near: ``(R, C)`` [64, BK] fp32 with
-    ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]``,
+    """Channel gate, a chunk that is not near: ``(R, C, S)`` [64, BK] fp32 with
+    ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]``, ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` and
+    ``S[s,c] = sum_{t >= s, j < s} Xc[t,j] a[t,c] b[j,c] E[t,j,c]`` (the decays' part of ``dg``, :func:`_straddle`),
     ``E[t,j,c] = exp(G_tc - G_jc)`` on valid ``t >= j``, channel by channel (exact for any decay)."""
     i = tl.arange(0, 64)
     ak = tl.arange(0, BK)
     low = (i[:, None] >= i[None, :]) & rm[:, None] & rm[None, :]
     R = tl.zeros([64, BK], tl.float32)
     Cm = tl.zeros([64, BK], tl.float32)
+    S = tl.zeros([64, BK], tl.float32)
     for ch in range(K):
         off = (rows * H + hh) * K + ch
         ac = tl.load(a + off, mask=rm, other=0.).to(tl.float32)
@@ -309,8 +314,10 @@ def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
         E = tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
         sel = ak[None, :] == ch
         R = tl.where(sel, tl.sum(Xr * E * bc[None, :], 1)[:, None], R)
-        Cm = tl.where(sel, tl.sum(Xc * E * ac[:, None], 0)[:, None], Cm)
-    return R, Cm
+        XcE = Xc * E * ac[:, None]
+        Cm = tl.where(sel, tl.sum(XcE, 0)[:, None], Cm)
+        S = tl.where(sel, _straddle(XcE * bc[None, :], i)[:, None], S)
+    return R, Cm, S
 
 
 @triton.jit
@@ -331,6 +338,27 @@ def _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC: tl.constexpr, HALF: tl.c
     dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
     tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
     return _mm(dV, tl.trans(hs), PREC, HALF), _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF), tl.sum(vv * dBV, 1)
+
+
+@triton.jit
+def _straddle(pairs, i):
+    """``[64]``: ``sum_{t >= s, j < s} pairs[t, j]`` for every row ``s`` of a ``[64, 64]`` tile, as sums only:
+    the reverse cumsum over ``t`` gives ``w[s, j] = sum_{t >= s} pairs[t, j]``, then ``j < s`` is summed."""
+    w = tl.cumsum(pairs, 0, reverse=True)
+    return tl.sum(tl.where(i[None, :] < i[:, None], w, 0.), 1)
+
+
+@triton.jit
+def _scalar_dg(paired, reads, writes, carry, i):
+    """Scalar gate, ``dg [64]`` of a chunk from decayed terms only (the straddle form of
+    ``osdn_ops.reference.asym``): ``g_s`` moves the decays ``e^{G_a - G_b}`` with ``b < s <= a``, so
+    ``dg_s = sum_{t >= s, j < s} pairs[t, j] + sum_{t >= s} reads_t + sum_{j < s} writes_j + carry``.
+    ``paired [64]``: that first sum (:func:`_straddle`) of ``pairs``, ``D dL/dD`` of the in-chunk scores and ``A``;
+    ``reads``: the state reads' ``q dq``, ``k dk`` parts; ``writes``: the state write's ``kt dkt`` part; ``carry``:
+    the carried state's. (The reverse cumsum of ``q dq + k dk - kt dkt`` is equal in exact arithmetic, but where
+    every decay is near ``e^-20`` its rounding error exceeds ``dg`` itself.)"""
+    before = tl.sum(tl.where(i[:, None] < i[None, :], writes[:, None], 0.), 0)     # sum_{j < s} writes_j
+    return paired + tl.cumsum(reads, 0, reverse=True) + before + carry
 
 
 @triton.jit
@@ -389,10 +417,18 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     dqm = scale * dq_i * eg
     dktm = dkt_s * ed
     lastc = el * lastv + tl.sum(ktm * dktm, 0)
+    if GATE == 1:  # dg's state terms: q's reads (k's follow), kt's writes, the carried state
+        reads = tl.sum(qm * dqm, 1)
+        writes = tl.sum(ktm * dktm, 1)
+        carry = tl.sum(el * lastv, 0)
+    elif GATE == 2:
+        if FAR:  # the same per channel where the decays are strongest
+            reads = qm * dqm
+            writes = ktm * dktm
     dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
     if GATE == 2:
         if FAR:
-            R, Cm = _channel_far(dPm, dPm, q, kt, G, rows, rm, hh, H, K, BK)
+            R, Cm, pairs = _channel_far(dPm, dPm, q, kt, G, rows, rm, hh, H, K, BK)
             dqm += R
             dktm += Cm
         else:
@@ -402,12 +438,15 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     else:
         if GATE == 1:
             dPm = dPm * _scalar_decay(G, rows, rm, hh, H, False)
+            pairs = _straddle(dPm * _mm(qm, tl.trans(ktm), PREC, HALF), i)   # the scores' decays: D dL/dD
+            # A's K Kt^T here, beside Q Kt^T: in pass 2 its fp32 operands took 64 KB more shared memory (K = 128)
+            kk = _mm(tl.load(k + offk, mask=mk, other=0.).to(tl.float32), tl.trans(ktm), PREC, HALF)
         dqm += _mm(dPm, ktm, PREC, HALF)
         dktm += _mm(tl.trans(dPm), qm, PREC, HALF)
     tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
-    dG = qm * dqm - ktm * dktm                       # dG = q dq + k dk - kt dkt, first part
-    if GATE == 1:
-        dG = tl.sum(dG, 1)                           # the scalar gate's dG is per token
+    if GATE == 2:
+        if not FAR:
+            dG = qm * dqm - ktm * dktm               # dG = q dq + k dk - kt dkt, first part
     if GATE > 0:  # pass 2: the WY representation, dW = -dVn S^T, dU = dVn
         Ti, bt, dw_i, dTu, db = _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK)
         for v0 in range(0, V, BV):
@@ -423,13 +462,18 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     kg = km_ * eg
     dBK = _mm(tl.trans(Ti), dW, PREC, HALF)
     dkm = bt[:, None] * eg * dBK
+    if GATE == 1:
+        reads += tl.sum(km_ * dkm, 1)
+    elif GATE == 2:
+        if FAR:
+            reads += km_ * dkm
     db += tl.sum(kg * dBK, 1)
     dT = _mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
     dA = -_mm(_mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
     if GATE == 2:
         if FAR:
-            dkr, dktB = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
+            dkr, dktB, pairs_a = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
         else:
             _, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
             dkr = eA * _mm(dA, ktm * eB, PREC, HALF)
@@ -437,16 +481,22 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     else:
         if GATE == 1:
             dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
+            pairs += _straddle(dA * bt[:, None] * kk, i)   # A's decays
         dkr = _mm(dA, ktm, PREC, HALF)
         dktB = _mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
     dkm += bt[:, None] * dkr
     db += tl.sum(km_ * dkr, 1)
     dktm += dktB
     if GATE == 1:
-        dgt = tl.cumsum(dG + tl.sum(km_ * dkm - ktm * dktB, 1), 0, reverse=True) + tl.sum(lastc, 0)
+        dgt = _scalar_dg(pairs, reads, writes, carry, i)
         tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
     elif GATE == 2:
-        dgm = tl.cumsum(dG + km_ * dkm - ktm * dktB, 0, reverse=True) + lastc[None, :]
+        if FAR:  # as _scalar_dg, channel by channel; sum_{j < s} writes_j: the cumsum moved down one row
+            down = (i[None, :] == i[:, None] - 1).to(tl.float32)
+            dgm = pairs + pairs_a + tl.cumsum(reads, 0, reverse=True) + (el * lastv)[None, :] \
+                + _mm(down, tl.cumsum(writes, 0), PREC, False)
+        else:
+            dgm = tl.cumsum(dG + km_ * dkm - ktm * dktB, 0, reverse=True) + lastc[None, :]
         tl.store(dg + offk, dgm.to(dg.dtype.element_ty), mask=mk)
     tl.store(dk + offk, dkm.to(dk.dtype.element_ty), mask=mk)
     tl.store(dkt + offk, dktm.to(dkt.dtype.element_ty), mask=mk)
