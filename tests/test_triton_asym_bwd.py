@@ -94,6 +94,19 @@ def test_grads_strong_decay(gate):
     _check(gate, x)
 
 
+@pytest.mark.parametrize("decay", ["all -20", "0 or -20"])
+@pytest.mark.parametrize("gate,T,cu", [("scalar", 2, [0, 2, 2]), ("scalar", 70, None), ("channel", 70, None)])
+def test_grads_every_token_strong(gate, T, cu, decay):
+    """Every token decaying by e^-20 (or not at all): dg is ~1e-9 against O(1) terms of ``q dq + k dk - kt dkt``,
+    so it is held to 1e-4 only when formed from decayed terms (``_scalar_dg``; the channel gate's far chunks in
+    ``_channel_far``: 70 tokens span far more than ``REF_SPAN``)."""
+    x = _problem(gate, T, B=1, K=24, V=20, cu_seqlens=cu, seed=T)
+    u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(T + 1))
+    g = torch.full_like(u, -20.0) if decay == "all -20" else torch.where(u < 0.5, 0.0, -20.0)
+    x["g"] = g.to(x["g"].device).requires_grad_()
+    _check(gate, x)
+
+
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_grads_mild_and_strong_chunks(gate):
     """A mild chunk (in-chunk gate span about 3) between strong ones (about 600) in one call: the
