@@ -94,15 +94,17 @@ def test_grads_strong_decay(gate):
     _check(gate, x)
 
 
-@pytest.mark.parametrize("decay", ["all -20", "0 or -20"])
-@pytest.mark.parametrize("gate,T,cu", [("scalar", 2, [0, 2, 2]), ("scalar", 70, None), ("channel", 70, None)])
+@pytest.mark.parametrize("decay", [-20.0, -8.0, "0 or -20"])
+@pytest.mark.parametrize("gate,T,cu", [("scalar", 2, [0, 2, 2]), ("scalar", 70, None), ("channel", 70, None),
+                                       ("channel", 2, [0, 2, 2]), ("channel", 7, None)])
 def test_grads_every_token_strong(gate, T, cu, decay):
-    """Every token decaying by e^-20 (or not at all): dg is ~1e-9 against O(1) terms of ``q dq + k dk - kt dkt``,
-    so it is held to 1e-4 only when formed from decayed terms (``_scalar_dg``; the channel gate's far chunks in
-    ``_channel_far``: 70 tokens span far more than ``REF_SPAN``)."""
+    """Every token decaying by e^-20 or e^-8 (or half of them by e^-20, the rest not at all): dg is ~1e-9 against
+    O(1) terms of ``q dq + k dk - kt dkt``, so it is held to 1e-4 only when formed from decayed terms
+    (``_scalar_dg``; for the channel gate ``_channel_far``, which takes every chunk spanning more than
+    ``REF_SPAN`` (70 tokens) or with a one-token step below ``-STEP_SPAN`` (2 and 7 tokens))."""
     x = _problem(gate, T, B=1, K=24, V=20, cu_seqlens=cu, seed=T)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(T + 1))
-    g = torch.full_like(u, -20.0) if decay == "all -20" else torch.where(u < 0.5, 0.0, -20.0)
+    g = torch.where(u < 0.5, 0.0, -20.0) if decay == "0 or -20" else torch.full_like(u, decay)
     x["g"] = g.to(x["g"].device).requires_grad_()
     _check(gate, x)
 
