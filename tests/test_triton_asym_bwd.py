@@ -101,7 +101,7 @@ def test_grads_every_token_strong(gate, T, cu, decay):
     """Every token decaying by e^-20 or e^-8 (or half of them by e^-20, the rest not at all): dg is ~1e-9 against
     O(1) terms of ``q dq + k dk - kt dkt``, so it is held to 1e-4 only when formed from decayed terms
     (``_scalar_dg``; for the channel gate ``_channel_far``, which takes every chunk spanning more than
-    ``REF_SPAN`` (70 tokens) or with a one-token step below ``-STEP_SPAN`` (2 and 7 tokens))."""
+    ``REF_SPAN`` (70 tokens) or whose every one-token step is below ``-STEP_SPAN`` (2 and 7 tokens))."""
     x = _problem(gate, T, B=1, K=24, V=20, cu_seqlens=cu, seed=T)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(T + 1))
     g = torch.where(u < 0.5, 0.0, -20.0) if decay == "0 or -20" else torch.full_like(u, decay)

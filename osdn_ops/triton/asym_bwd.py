@@ -21,8 +21,8 @@ gradient of the state at its end)::
 3. gate: every exponent is a difference G_t - G_j or G_L - G_t (never e^{-G} alone, so g down
    to -20 per token cannot overflow), hence dG = q dQ + k dK - kt dKt per token (and channel),
    plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
-   dg = reverse cumsum of dG within the chunk for the channel gate's near chunks (span at most REF_SPAN, no
-   one-token step below -STEP_SPAN). The scalar gate and the channel gate's other chunks form the same sum
+   dg = reverse cumsum of dG within the chunk for the channel gate's near chunks (span at most REF_SPAN, some
+   one-token step of at least -STEP_SPAN). The scalar gate and the channel gate's other chunks form the same sum
    from decayed terms only (``_scalar_dg``, ``_channel_far``), which keeps dg's relative accuracy where a
    token decays by e^-20 (the reverse cumsum subtracts O(1) undecayed terms, whose rounding then exceeds dg).
 
@@ -33,8 +33,8 @@ Kernels: ``_dh`` (the reverse recurrence, one program per sequence, head and V b
 forms P^T dO itself, with one ``_dv_local`` forms it in parallel first), ``_dqkv`` (step 2, parallel).
 The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk
 (``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward); a second launch of
-``_dqkv`` sums them channel by channel for the chunks of stronger decay, and for those with a one-token step
-below -STEP_SPAN (exact, slower, no extra buffers).
+``_dqkv`` sums them channel by channel for the chunks of stronger decay, and for those whose every one-token
+step is below -STEP_SPAN (exact, slower, no extra buffers).
 No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
 fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -104,25 +104,27 @@ def _channel_factors(G, rows, rm, hh, H, K, BK: tl.constexpr):
     return near, tl.exp(tl.where(m, d, float("-inf"))), tl.exp(tl.where(m, -d, float("-inf")))
 
 
-#: steepest one-token decay ``e^-STEP_SPAN`` (any channel) of a chunk whose ``dg`` may be a reverse cumsum
-#: (:func:`_mild_steps`); with fp32 inputs on one chunk of equal steps the cumsum's ``dg`` error was 2e-5 at 5,
-#: 1e-3 at 8 and 26 at 20 (relative), against 1e-6 for the decayed-term form
+#: one-token decay ``e^-STEP_SPAN``: a chunk where every token decays every channel by more than that forms ``dg`` from
+#: decayed terms (:func:`_any_mild_step`). With fp32 inputs on one chunk of equal steps the reverse cumsum's ``dg`` was
+#: off by 2e-5 at 5, 1e-3 at 8 and 26 at 20 (relative), against 1e-6 for the decayed-term form.
 STEP_SPAN = tl.constexpr(4.0)
 
 
 @triton.jit
-def _mild_steps(G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate: whether no token of the chunk decays any channel by more than ``e^-STEP_SPAN``
-    (``G_t - G_{t-1} >= -STEP_SPAN``, ``G_{-1} = 0``). ``dg_s`` is the sum of the decayed terms that straddle
-    token ``s``, each carrying ``e^{g_s}``; the reverse cumsum of the undecayed ``q dq + k dk - kt dkt`` forms it
-    from O(1) terms, so its rounding grows as ``e^{-g_s}`` relative to ``dg_s``."""
+def _any_mild_step(G, rows, rm, hh, H, K, BK: tl.constexpr):
+    """Channel gate: whether some token of the chunk decays some channel by at most ``e^-STEP_SPAN``
+    (``G_t - G_{t-1} >= -STEP_SPAN``, ``G_{-1} = 0``). ``dg_s`` is the sum of the decayed terms that straddle token
+    ``s``, each carrying ``e^{g_s}``; the reverse cumsum of the undecayed ``q dq + k dk - kt dkt`` forms it with an
+    absolute error of fp32 rounding of those O(1) terms. Where some step is mild, the ``dg`` of that token and
+    channel is of their size and the others' errors are small beside it; where none is, every ``dg`` of the chunk
+    is smaller than that error allows (a chunk of tokens that each forget nearly all of every channel)."""
     i = tl.arange(0, 64)
     ak = tl.arange(0, BK)
     m = rm[:, None] & (ak < K)[None, :]
     off = (rows[:, None] * H + hh) * K + ak[None, :]
     gm = tl.load(G + off, mask=m, other=0.).to(tl.float32)
     gp = tl.load(G + off - H * K, mask=m & (i > 0)[:, None], other=0.).to(tl.float32)
-    return tl.min(tl.min(tl.where(m, gm - gp, 0.), 1), 0) >= -STEP_SPAN
+    return tl.max(tl.max(tl.where(m, gm - gp, float("-inf")), 1), 0) >= -STEP_SPAN
 
 
 @triton.jit
@@ -400,7 +402,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         return
     if GATE == 2:
         near, _, _ = _channel_factors(G, rows, rm, hh, H, K, BK)
-        near = near & _mild_steps(G, rows, rm, hh, H, K, BK)
+        near = near & _any_mild_step(G, rows, rm, hh, H, K, BK)
         if near == FAR:
             return
     ak = tl.arange(0, BK)
