@@ -6,11 +6,14 @@ The channel gate's chunks take the block-by-block forward and the channel-by-cha
 when their in-chunk gate span exceeds 60 or when every token decays every channel by more than e^-4; the
 others take the matrix-product forms ("near"). On the S1 problem of :func:`osdn_ops.bench.make_problem`,
 prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench gates (near), the bench gates
-with one token per chunk at -6 in every channel (near), every gate lowered by 6 (far), the bench gates again.
+with one token per chunk at -6 in every channel (near), every gate lowered by 6 (far), ``logsigmoid(N)`` without
+the bench's /16 (most chunks span more than 60: far), the bench gates again; with the share of far chunks, and
+fla's ``chunk_kda`` forward+backward kernel ms on the same gates (keys k for both of its keys) where fla is installed.
 """
 import sys
 
 import torch
+import torch.nn.functional as F
 
 import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
@@ -30,8 +33,14 @@ def main(path=None):
     kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
     one = p.g_channel.clone()
     one[:, ::64] = -6.0
+    torch.manual_seed(1)
     cases = [("bench", p.g_channel), ("one token per chunk at -6", one), ("every gate - 6", p.g_channel - 6.0),
+             ("logsigmoid(N)", F.logsigmoid(torch.randn_like(p.g_channel))),
              ("bench again", p.g_channel)]
+    try:
+        from fla.ops.kda import chunk_kda
+    except ImportError:
+        chunk_kda = None
     for name, g in cases:
         leaves = [t.detach().requires_grad_() for t in (p.q, p.k, kt, p.v, g, p.beta)]
         do = torch.randn_like(p.v)
@@ -41,8 +50,21 @@ def main(path=None):
             torch.autograd.grad(o, leaves, do)
         times = kernel_times(fwd_bwd)
         dqkv = sum(t for k, t in times.items() if "_dqkv" in k)
-        log(f"{name:27s} total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
-            + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:4]))
+        G = g.float().unflatten(1, (-1, 64)).cumsum(2)
+        far = ((G - G[:, :, :1]).abs().amax(dim=(2, 4)) > 60).float().mean().item()
+        line = (f"{name:27s} span>60 {far:5.1%}  osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
+                + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:4]))
+        if chunk_kda is not None:
+            fl = [t.detach().requires_grad_() for t in (p.q, p.k, p.v, g, p.beta)]
+
+            def fla_fwd_bwd():
+                o, _ = chunk_kda(*fl)
+                torch.autograd.grad(o, fl, do)
+            try:
+                line += f"  | fla chunk_kda total {sum(kernel_times(fla_fwd_bwd).values()):.3f} ms"
+            except Exception as e:  # fla may refuse some gates; the osdn time still counts
+                line += f"  | fla chunk_kda failed: {type(e).__name__}: {str(e)[:120]}"
+        log(line)
 
 
 if __name__ == "__main__":
