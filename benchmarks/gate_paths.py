@@ -2,12 +2,12 @@
 
     PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE]
 
-The channel gate's chunks take the block-by-block forward and the channel-by-channel gate gradient ("far")
-when their in-chunk gate span exceeds 60 or when every token decays every channel by more than e^-4; the
-others take the matrix-product forms ("near"). On the S1 problem of :func:`osdn_ops.bench.make_problem`,
+The channel gate's chunks whose in-chunk gate span exceeds ``REF_SPAN`` take the block-by-block forward and the
+channel-by-channel backward ("far"); the backward also takes it where every token decays every channel by more than
+e^-4; the others take the matrix-product forms ("near"). On the S1 problem of :func:`osdn_ops.bench.make_problem`,
 prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench gates (near), the bench gates
 with one token per chunk at -6 in every channel (near), every gate lowered by 6 (far), ``logsigmoid(N)`` without
-the bench's /16 (most chunks span more than 60: far), the bench gates again; with the share of far chunks, and
+the bench's /16 (most chunks span more than ``REF_SPAN``: far), the bench gates again; with the share of far chunks, and
 fla's ``chunk_kda`` forward+backward kernel ms on the same gates (keys k for both of its keys) where fla is installed.
 """
 import sys
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
+from osdn_ops.triton.asym_chunks import CHUNK, REF_SPAN
 
 
 def main(path=None):
@@ -32,7 +33,7 @@ def main(path=None):
     p = make_problem("S1", GPU_SHAPES["S1"], torch.device("cuda"))
     kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
     one = p.g_channel.clone()
-    one[:, ::64] = -6.0
+    one[:, ::CHUNK] = -6.0
     torch.manual_seed(1)
     cases = [("bench", p.g_channel), ("one token per chunk at -6", one), ("every gate - 6", p.g_channel - 6.0),
              ("logsigmoid(N)", F.logsigmoid(torch.randn_like(p.g_channel))),
@@ -50,9 +51,9 @@ def main(path=None):
             torch.autograd.grad(o, leaves, do)
         times = kernel_times(fwd_bwd)
         dqkv = sum(t for k, t in times.items() if "_dqkv" in k)
-        G = g.float().unflatten(1, (-1, 64)).cumsum(2)
-        far = ((G - G[:, :, :1]).abs().amax(dim=(2, 4)) > 60).float().mean().item()
-        line = (f"{name:27s} span>60 {far:5.1%}  osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
+        G = g.float().unflatten(1, (-1, CHUNK)).cumsum(2)
+        far = ((G - G[:, :, :1]).abs().amax(dim=(2, 4)) > REF_SPAN.value).float().mean().item()
+        line = (f"{name:27s} span>{REF_SPAN.value:g} {far:5.1%}  osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
                 + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:4]))
         if chunk_kda is not None:
             fl = [t.detach().requires_grad_() for t in (p.q, p.k, p.v, g, p.beta)]
