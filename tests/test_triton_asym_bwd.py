@@ -120,6 +120,25 @@ def test_grads_mild_and_strong_chunks(gate):
     _check(gate, x)
 
 
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_grads_channel_references(dtype, tol):
+    """The channel gate's three ways of forming a chunk's decayed sums in one call: a chunk spanning more than
+    ``REF_SPAN`` whose 16-token blocks each span less (four reference rows), a mild chunk (one), a chunk whose
+    blocks span more (channel by channel) and a 6-token tail."""
+    T = 3 * 64 + 6
+    x = _problem("channel", T, dtype=dtype, B=1, seed=21)
+    u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(22))
+    g = torch.cat([-3 * u[:, :64], -0.1 * u[:, 64:128], -20 * u[:, 128:] ** 2], 1)
+
+    def decay(a, b):      # the largest decay over tokens a..b of any channel
+        return -g[:, a:b].sum(1).min().item()
+
+    assert decay(0, 64) > asym_chunks.REF_SPAN.value and decay(128, 144) > asym_chunks.REF_SPAN.value
+    assert max(decay(a, a + 16) for a in range(0, 64, 16)) < asym_chunks.REF_SPAN.value
+    x["g"] = g.to(x["g"].device).requires_grad_()
+    _check("channel", x, tol=tol)
+
+
 @pytest.mark.parametrize("gate", GATES)
 def test_dense_backward_equals_packed(gate):
     """Dense rows index their chunks arithmetically, packed sequences through the chunk table: the same

@@ -21,9 +21,9 @@ gradient of the state at its end)::
 3. gate: every exponent is a difference G_t - G_j or G_L - G_t (never e^{-G} alone, so g down
    to -20 per token cannot overflow), hence dG = q dQ + k dK - kt dKt per token (and channel),
    plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
-   dg = reverse cumsum of dG within the chunk for the channel gate's near chunks (span at most REF_SPAN, some
-   one-token step of at least -STEP_SPAN). The scalar gate and the channel gate's other chunks form the same sum
-   from decayed terms only (``_scalar_dg``, ``_channel_far``), which keeps dg's relative accuracy where a
+   dg = reverse cumsum of dG within the chunk for the channel gate's chunks whose sums are products (below;
+   some one-token step of at least -STEP_SPAN). The scalar gate and the channel gate's other chunks form the same
+   sum from decayed terms only (``_scalar_dg``, ``_channel_far``), which keeps dg's relative accuracy where a
    token decays by e^-20 (the reverse cumsum subtracts O(1) undecayed terms, whose rounding then exceeds dg).
 
 The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
@@ -32,9 +32,11 @@ forward's stage functions, which keeps the saved activations near the inputs' si
 Kernels: ``_dh`` (the reverse recurrence, one program per sequence, head and V block; without a gate it
 forms P^T dO itself, with one ``_dv_local`` forms it in parallel first), ``_dqkv`` (step 2, parallel).
 The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk
-(``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward); a second launch of
-``_dqkv`` sums them channel by channel for the chunks of stronger decay, and for those whose every one-token
-step is below -STEP_SPAN (exact, slower, no extra buffers).
+(``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward), else four products when each
+16-row block is within REF_SPAN of its first row ``r`` (``E = e^{G_t - G_r} e^{G_r - G_j}`` for the columns ``j`` of
+that block, ``t >= j``: the first factor at most 1, the second at most ``e^REF_SPAN``); ``_dqkv`` is launched once
+for each, and once more for the remaining chunks and those whose every one-token step is below -STEP_SPAN, which
+it sums channel by channel (exact, slower, no extra buffers).
 No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
 fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -90,18 +92,89 @@ def _mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
-def _channel_factors(G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate: ``(near, eA, eB)`` with ``eA = e^{G - G_0}``, ``eB = e^{G_0 - G}`` ([64, BK] fp32,
-    G_0 the chunk's first row, zero on rows past its end) and ``near``: every ``|G - G_0| <= REF_SPAN``,
-    so that ``E[t,j,c] = eA[t,c] eB[j,c]`` turns the per-channel decayed sums into matrix products with
-    both factors in fp32 range (the forward's test, :func:`near_gate`)."""
+def _ref_gate(G, rows, rm, hh, H, K, BK: tl.constexpr, J):
+    """Channel gate: ``(m, d)`` [64, BK], the valid-entry mask and ``d = G - G_J`` against the chunk's row ``J``
+    (its first token plus J; 0 where the chunk has no row J)."""
     ak = tl.arange(0, BK)
     m = rm[:, None] & (ak < K)[None, :]
     gm = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
-    g0 = tl.load(G + (tl.min(rows, 0) * H + hh) * K + ak, mask=ak < K, other=0.).to(tl.float32)
-    d = gm - g0[None, :]
-    near = tl.max(tl.max(tl.abs(tl.where(m, d, 0.)), 1), 0) <= REF_SPAN
-    return near, tl.exp(tl.where(m, d, float("-inf"))), tl.exp(tl.where(m, -d, float("-inf")))
+    has = J < tl.sum(rm.to(tl.int32), 0)
+    gJ = tl.load(G + ((tl.min(rows, 0) + J) * H + hh) * K + ak, mask=(ak < K) & has, other=0.).to(tl.float32)
+    return m, gm - gJ[None, :]
+
+
+@triton.jit
+def _ref_ok(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
+    """Channel gate: whether reference row ``J`` serves the columns of block ``[J, J + BS)`` (:func:`_ref_factors`):
+    ``|G_j - G_J| <= REF_SPAN`` on the block's rows and ``G_t - G_J <= REF_SPAN`` on the rows after it (any decay
+    there only shrinks ``e^{G_t - G_J}``)."""
+    i = tl.arange(0, 64)
+    m, d = _ref_gate(G, rows, rm, hh, H, K, BK, J)
+    inblk = (i >= J) & (i < J + BS)
+    span = tl.where(m & (i >= J)[:, None], tl.where(inblk[:, None], tl.abs(d), d), float("-inf"))
+    return tl.max(tl.max(span, 1), 0) <= REF_SPAN
+
+
+@triton.jit
+def _ref_factors(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
+    """Channel gate, reference row ``J`` for the columns of block ``[J, J + BS)``: ``(F, Bf)`` [64, BK] fp32,
+    ``F[t,c] = e^{G_tc - G_Jc}`` on valid rows ``t >= J`` and ``Bf[j,c] = e^{G_Jc - G_jc}`` on the block's valid
+    rows (0 elsewhere), so that ``E[t,j,c] = F[t,c] Bf[j,c]`` for every pair ``t >= j`` with ``j`` in the block.
+    Where :func:`_ref_ok` holds, ``Bf <= e^REF_SPAN``; an ``F`` that underflows then stands for a product below
+    ``e^-27``."""
+    i = tl.arange(0, 64)
+    m, d = _ref_gate(G, rows, rm, hh, H, K, BK, J)
+    inblk = (i >= J) & (i < J + BS)
+    F = tl.exp(tl.where(m & (i >= J)[:, None], d, float("-inf")))
+    return F, tl.exp(tl.where(m & inblk[:, None], -d, float("-inf")))
+
+
+@triton.jit
+def _channel_refs(G, rows, rm, hh, H, K, BK: tl.constexpr):
+    """Channel gate: how the chunk's decayed sums ``E[t,j,c] = e^{G_tc - G_jc}`` are formed. 1: from the chunk's
+    first row alone (every ``|G - G_0| <= REF_SPAN``, one product per sum); 4: from the first row of each 16-row
+    block, for the columns of that block (each block within REF_SPAN of its first row; four products per sum);
+    0: neither, channel by channel."""
+    if _ref_ok(G, rows, rm, hh, H, K, BK, 0, 64):
+        refs = 1
+    else:
+        refs = 4
+        for b in tl.static_range(4):
+            if not _ref_ok(G, rows, rm, hh, H, K, BK, 16 * b, 16):
+                refs = 0
+    return refs
+
+
+@triton.jit
+def _decayed_sums(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
+                  HALF: tl.constexpr):
+    """Channel gate: ``(R, C)`` [64, BK] fp32 with ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and
+    ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` (Xr, Xc [64, 64] zero above the diagonal; a, b [64, BK] fp32) from
+    NREF reference rows (:func:`_channel_refs`), two products per reference; as :func:`_channel_far`, which forms
+    them channel by channel. With four references the products read fp32 operands (one tf32 pass for half inputs):
+    such chunks' ``dg`` is the reverse cumsum of terms much larger than itself, and with bf16-rounded operands its
+    relative error reached 2.1e-2 (bf16 keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as channel by
+    channel; H100, 2026-12-05)."""
+    R = tl.zeros([64, BK], tl.float32)
+    Cm = tl.zeros([64, BK], tl.float32)
+    for r in tl.static_range(NREF):
+        F, Bf = _ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
+        R += F * _mm(Xr, b * Bf, PREC, HALF and NREF == 1)
+        Cm += Bf * _mm(tl.trans(Xc), a * F, PREC, HALF and NREF == 1)
+    return R, Cm
+
+
+@triton.jit
+def _ref_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
+                HALF: tl.constexpr):
+    """Channel gate: ``[64, 64]`` ``s[t,j] = sum_c a_tc b_jc E[t,j,c]`` (a, b [64, BK] fp32) on valid t >= j (else 0)
+    from NREF reference rows (:func:`_channel_refs`), one product per reference."""
+    i = tl.arange(0, 64)
+    s = tl.zeros([64, 64], tl.float32)
+    for r in tl.static_range(NREF):
+        F, Bf = _ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
+        s += _mm(a * F, tl.trans(b * Bf), PREC, HALF)
+    return tl.where((i[:, None] >= i[None, :]) & rm[:, None], s, 0.)
 
 
 #: one-token decay ``e^-STEP_SPAN``: a chunk where every token decays every channel by more than that forms ``dg`` from
@@ -128,25 +201,28 @@ def _any_mild_step(G, rows, rm, hh, H, K, BK: tl.constexpr):
 
 
 @triton.jit
-def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
+def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
                   GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
     """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0
     (products as :func:`_mm`).
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
-    would make the difference positive). Channel gate: one product of ``a eA`` and ``b eB`` when
-    the chunk is near (:func:`_channel_factors`), else channel by channel."""
+    would make the difference positive). Channel gate: one or four products of scaled tiles (``refs`` 1 or 4, the
+    chunk's :func:`_channel_refs`), else (0) channel by channel."""
     i = tl.arange(0, 64)
     low = (i[:, None] >= i[None, :]) & rm[:, None]
     ak = tl.arange(0, BK)
     m = rm[:, None] & (ak < K)[None, :]
     off = (rows[:, None] * H + hh) * K + ak[None, :]
     if GATE == 2:
-        near, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
-        if near:
-            am = tl.load(a + off, mask=m, other=0.).to(tl.float32) * eA
-            bm = tl.load(b + off, mask=m, other=0.).to(tl.float32) * eB
-            s = tl.where(low, _mm(am, tl.trans(bm), PREC, HALF), 0.)
+        if refs == 1:
+            am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
+            s = _ref_scores(am, tl.load(b + off, mask=m, other=0.).to(tl.float32), G, rows, rm, hh, H, K, BK, 1,
+                            PREC, HALF)
+        elif refs == 4:
+            am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
+            s = _ref_scores(am, tl.load(b + off, mask=m, other=0.).to(tl.float32), G, rows, rm, hh, H, K, BK, 4,
+                            PREC, HALF)
         else:
             s = tl.zeros([64, 64], tl.float32)
             for ch in range(K):
@@ -207,15 +283,24 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 
 
 @triton.jit
-def _dv_local(q, kt, G, do, dvl, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
+def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
               GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
     """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`). Without
-    one, ``_dh`` forms it."""
+    one, ``_dh`` forms it. Channel gate: also ``paths`` [chunks, H] int32, how ``_dqkv`` forms the chunk's decayed
+    sums (1 or 4 reference rows, :func:`_channel_refs`; 0 channel by channel, also where no step is mild,
+    :func:`_any_mild_step`), so that its launches read one number instead of the chunk's gates."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
         return
-    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC, HALF)
+    refs = 1
+    if GATE == 2:
+        refs = _channel_refs(G, rows, rm, hh, H, K, BK)
+        path = 0
+        if _any_mild_step(G, rows, rm, hh, H, K, BK):
+            path = refs
+        tl.store(paths + c * H + hh, path)
+    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, refs, GATE, PREC, HALF)
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
         _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
@@ -386,24 +471,24 @@ def _scalar_dg(paired, reads, writes, carry, i):
 
 
 @triton.jit
-def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg,
+def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths,
           table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-          PREC: tl.constexpr, HALF: tl.constexpr, FAR: tl.constexpr, VARLEN: tl.constexpr):
+          PREC: tl.constexpr, HALF: tl.constexpr, REFS: tl.constexpr, VARLEN: tl.constexpr):
     """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg) from (1) the state and score terms (dq final, dkt's
     first part) and (2) the WY terms (dv, dk, the rest of dkt, dbeta, dg). Without a gate one pass over V blocks
     forms both (the state tile read once); with one, two passes keep fewer ``[64, K]`` tiles alive (on the H200,
     S1 ms: one pass 0.624 -> 0.561 without a gate, but 0.925 -> 1.097 with the scalar gate). Channel gate:
-    launched twice; ``FAR = False`` takes the near chunks (:func:`_channel_factors`: the decayed score terms are
-    products of scaled tiles), ``FAR = True`` the others (channel by channel, :func:`_channel_far`), so the common
-    near case compiles without the per-channel loops."""
+    launched three times, each launch taking the chunks of one way of forming the decayed sums (``paths``, from
+    ``_dv_local``): ``REFS`` 1 or 4 reference rows (:func:`_channel_refs`: products of scaled tiles, dg as the
+    reverse cumsum of dG) or 0 (channel by channel, :func:`_channel_far`, dg from decayed terms), the last also for
+    every chunk without a mild step (:func:`_any_mild_step`). The common one-reference case thus compiles without
+    the per-channel loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
         return
     if GATE == 2:
-        near, _, _ = _channel_factors(G, rows, rm, hh, H, K, BK)
-        near = near & _any_mild_step(G, rows, rm, hh, H, K, BK)
-        if near == FAR:
+        if tl.load(paths + c * H + hh) != REFS:
             return
     ak = tl.arange(0, BK)
     km = ak < K
@@ -447,19 +532,19 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         writes = tl.sum(ktm * dktm, 1)
         carry = tl.sum(el * lastv, 0)
     elif GATE == 2:
-        if FAR:  # the same per channel where the decays are strongest
+        if REFS == 0:  # the same per channel where the decays are strongest
             reads = qm * dqm
             writes = ktm * dktm
     dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
     if GATE == 2:
-        if FAR:
+        if REFS == 0:
             R, Cm, pairs = _channel_far(dPm, dPm, q, kt, G, rows, rm, hh, H, K, BK)
             dqm += R
             dktm += Cm
         else:
-            _, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
-            dqm += eA * _mm(dPm, ktm * eB, PREC, HALF)
-            dktm += eB * _mm(tl.trans(dPm), qm * eA, PREC, HALF)
+            R, Cm = _decayed_sums(dPm, dPm, qm, ktm, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
+            dqm += R
+            dktm += Cm
     else:
         if GATE == 1:
             dPm = dPm * _scalar_decay(G, rows, rm, hh, H, False)
@@ -470,7 +555,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         dktm += _mm(tl.trans(dPm), qm, PREC, HALF)
     tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
     if GATE == 2:
-        if not FAR:
+        if REFS > 0:
             dG = qm * dqm - ktm * dktm               # dG = q dq + k dk - kt dkt, first part
     if GATE > 0:  # pass 2: the WY representation, dW = -dVn S^T, dU = dVn
         Ti, bt, dw_i, dTu, db = _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK)
@@ -490,19 +575,17 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     if GATE == 1:
         reads += tl.sum(km_ * dkm, 1)
     elif GATE == 2:
-        if FAR:
+        if REFS == 0:
             reads += km_ * dkm
     db += tl.sum(kg * dBK, 1)
     dT = _mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
     dA = -_mm(_mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
     if GATE == 2:
-        if FAR:
+        if REFS == 0:
             dkr, dktB, pairs_a = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
         else:
-            _, eA, eB = _channel_factors(G, rows, rm, hh, H, K, BK)
-            dkr = eA * _mm(dA, ktm * eB, PREC, HALF)
-            dktB = eB * _mm(tl.trans(dA * bt[:, None]), km_ * eA, PREC, HALF)
+            dkr, dktB = _decayed_sums(dA, dA * bt[:, None], km_, ktm, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
     else:
         if GATE == 1:
             dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
@@ -516,7 +599,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         dgt = _scalar_dg(pairs, reads, writes, carry, i)
         tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
     elif GATE == 2:
-        if FAR:  # as _scalar_dg, channel by channel; sum_{j < s} writes_j: the cumsum moved down one row
+        if REFS == 0:  # as _scalar_dg, channel by channel; sum_{j < s} writes_j: the cumsum moved down one row
             down = (i[None, :] == i[:, None] - 1).to(tl.float32)
             dgm = pairs + pairs_a + tl.cumsum(reads, 0, reverse=True) + (el * lastv)[None, :] \
                 + _mm(down, tl.cumsum(writes, 0), PREC, False)
@@ -566,9 +649,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
 
     f32 = dict(dtype=torch.float32, device=dev)
     dvl = do                                      # never read without a gate (_dh forms P^T dO)
+    paths = torch.empty(M, H, dtype=torch.int32, device=dev) if GATE == 2 else q   # read with the channel gate only
     if GATE > 0:
         dvl = torch.empty(B, T, H, V, **work)
-        _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)),
+        _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, paths, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)),
                           GATE, PREC, HALF, VARLEN, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
@@ -588,8 +672,8 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # 32-wide V blocks for K = 256 (register limit) and for the channel gate with V >= 32 (10-12% faster on
     # S1/S2 than 64-wide, benchmarks/RESULTS.md); the other gates are faster with 64-wide ones
     BV = 32 if BK > 128 or (GATE == 2 and V >= 32) else min(64, block(V))
-    for far in (False, True) if GATE == 2 else (False,):
-        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, table, cu, T,
-                      lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, far, VARLEN, num_warps=DQKV_WARPS,
+    for refs in (1, 4, 0) if GATE == 2 else (1,):
+        _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths, table,
+                      cu, T, lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, refs, VARLEN, num_warps=DQKV_WARPS,
                       num_stages=DQKV_STAGES if HALF and BK <= 128 and GATE < 2 else 1)
     return dq, dk, dkt, dv, dg, dbeta, dh0
