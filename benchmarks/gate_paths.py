@@ -1,14 +1,16 @@
-"""KDA forward+backward time per kernel under gate patterns that choose the near or the far paths, on a GPU.
+"""KDA forward+backward time per kernel under gate patterns that choose its forward's and backward's paths, on a GPU.
 
     PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE]
 
-The channel gate's chunks whose in-chunk gate span exceeds ``REF_SPAN`` take the block-by-block forward and the
-channel-by-channel backward ("far"); the backward also takes it where every token decays every channel by more than
-e^-4; the others take the matrix-product forms ("near"). On the S1 problem of :func:`osdn_ops.bench.make_problem`,
-prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench gates (near), the bench gates
-with one token per chunk at -6 in every channel (near), every gate lowered by 6 (far), ``logsigmoid(N)`` without
-the bench's /16 (most chunks span more than ``REF_SPAN``: far), the bench gates again; with the share of far chunks, and
-fla's ``chunk_kda`` forward+backward kernel ms on the same gates (keys k for both of its keys) where fla is installed.
+The channel gate's chunks whose in-chunk gate span exceeds ``REF_SPAN`` take the block-by-block forward; the
+backward forms a chunk's decayed sums from its first row (span at most ``REF_SPAN``: "one ref"), else from the first
+row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else channel by channel ("loop"), which it
+also takes where every token decays every channel by more than e^-4. On the S1 problem of
+:func:`osdn_ops.bench.make_problem`, prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench
+gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 (loop),
+``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the bench gates again; with the
+share of chunks of each backward path, and fla's ``chunk_kda`` forward+backward kernel ms on the same gates (keys k
+for both of its keys) where fla is installed.
 """
 import sys
 
@@ -18,6 +20,19 @@ import torch.nn.functional as F
 import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
 from osdn_ops.triton.asym_chunks import CHUNK, REF_SPAN
+
+
+def backward_paths(g):
+    """Shares of the chunks of ``g`` [B, T, H, K] (T a multiple of CHUNK, gates <= 0) whose backward takes one
+    reference row, four, or the channel loop (``osdn_ops.triton.asym_bwd._channel_refs`` and ``_any_mild_step``)."""
+    g = g.float().unflatten(1, (-1, CHUNK))                       # [B, NT, C, H, K]
+    G = g.cumsum(2)
+    one = (G - G[:, :, :1]).abs().amax(dim=(2, 4)) <= REF_SPAN.value
+    blocks = G.unflatten(2, (4, CHUNK // 4))                     # [B, NT, 4, 16, H, K]
+    four = (blocks[:, :, :, :1] - blocks).amax(dim=(2, 3, 5)) <= REF_SPAN.value
+    mild = g.amax(dim=(2, 4)) >= -4.0
+    one, four = one & mild, four & ~one & mild
+    return one.float().mean().item(), four.float().mean().item(), 1 - (one | four).float().mean().item()
 
 
 def main(path=None):
@@ -51,9 +66,9 @@ def main(path=None):
             torch.autograd.grad(o, leaves, do)
         times = kernel_times(fwd_bwd)
         dqkv = sum(t for k, t in times.items() if "_dqkv" in k)
-        G = g.float().unflatten(1, (-1, CHUNK)).cumsum(2)
-        far = ((G - G[:, :, :1]).abs().amax(dim=(2, 4)) > REF_SPAN.value).float().mean().item()
-        line = (f"{name:27s} span>{REF_SPAN.value:g} {far:5.1%}  osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
+        one, four, loop = backward_paths(g)
+        line = (f"{name:27s} one ref {one:5.1%} four refs {four:5.1%} loop {loop:5.1%}  "
+                f"osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
                 + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:4]))
         if chunk_kda is not None:
             fl = [t.detach().requires_grad_() for t in (p.q, p.k, p.v, g, p.beta)]
