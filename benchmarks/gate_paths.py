@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
+from osdn_ops.triton.asym_bwd import STEP_SPAN
 from osdn_ops.triton.asym_chunks import CHUNK, REF_SPAN
 
 
@@ -30,7 +31,7 @@ def backward_paths(g):
     one = (G - G[:, :, :1]).abs().amax(dim=(2, 4)) <= REF_SPAN.value
     blocks = G.unflatten(2, (4, CHUNK // 4))                     # [B, NT, 4, 16, H, K]
     four = (blocks[:, :, :, :1] - blocks).amax(dim=(2, 3, 5)) <= REF_SPAN.value
-    mild = g.amax(dim=(2, 4)) >= -4.0
+    mild = g.amax(dim=(2, 4)) >= -STEP_SPAN.value
     one, four = one & mild, four & ~one & mild
     return one.float().mean().item(), four.float().mean().item(), 1 - (one | four).float().mean().item()
 

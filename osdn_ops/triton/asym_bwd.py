@@ -215,14 +215,13 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
     m = rm[:, None] & (ak < K)[None, :]
     off = (rows[:, None] * H + hh) * K + ak[None, :]
     if GATE == 2:
-        if refs == 1:
+        if refs > 0:
             am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
-            s = _ref_scores(am, tl.load(b + off, mask=m, other=0.).to(tl.float32), G, rows, rm, hh, H, K, BK, 1,
-                            PREC, HALF)
-        elif refs == 4:
-            am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
-            s = _ref_scores(am, tl.load(b + off, mask=m, other=0.).to(tl.float32), G, rows, rm, hh, H, K, BK, 4,
-                            PREC, HALF)
+            bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
+            if refs == 1:
+                s = _ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 1, PREC, HALF)
+            else:
+                s = _ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 4, PREC, HALF)
         else:
             s = tl.zeros([64, 64], tl.float32)
             for ch in range(K):
@@ -405,7 +404,8 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
 
 @triton.jit
 def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate, a chunk that is not near: ``(R, C, S)`` [64, BK] fp32 with
+    """Channel gate, a chunk on the channel-by-channel path (:func:`_channel_refs` 0, or no mild step):
+    ``(R, C, S)`` [64, BK] fp32 with
     ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]``, ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` and
     ``S[s,c] = sum_{t >= s, j < s} Xc[t,j] a[t,c] b[j,c] E[t,j,c]`` (the decays' part of ``dg``, :func:`_straddle`),
     ``E[t,j,c] = exp(G_tc - G_jc)`` on valid ``t >= j``, channel by channel (exact for any decay)."""
