@@ -20,12 +20,13 @@ import torch.nn.functional as F
 import osdn_ops
 from osdn_ops.bench import GPU_SHAPES, kernel_times, make_problem
 from osdn_ops.triton.asym_bwd import STEP_SPAN
-from osdn_ops.triton.asym_chunks import CHUNK, REF_SPAN
+from osdn_ops.triton.asym_chunks import CHUNK
+from osdn_ops.triton.channel_refs import REF_SPAN
 
 
 def backward_paths(g):
     """Shares of the chunks of ``g`` [B, T, H, K] (T a multiple of CHUNK, gates <= 0) whose backward takes one
-    reference row, four, or the channel loop (``osdn_ops.triton.asym_bwd._channel_refs`` and ``_any_mild_step``)."""
+    reference row, four, or the channel loop (``osdn_ops.triton.channel_refs.channel_refs`` and ``asym_bwd._any_mild_step``)."""
     g = g.float().unflatten(1, (-1, CHUNK))                       # [B, NT, C, H, K]
     G = g.cumsum(2)
     one = (G - G[:, :, :1]).abs().amax(dim=(2, 4)) <= REF_SPAN.value
@@ -70,7 +71,7 @@ def main(path=None):
         one, four, loop = backward_paths(g)
         line = (f"{name:27s} one ref {one:5.1%} four refs {four:5.1%} loop {loop:5.1%}  "
                 f"osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
-                + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:4]))
+                + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:6]))
         if chunk_kda is not None:
             fl = [t.detach().requires_grad_() for t in (p.q, p.k, p.v, g, p.beta)]
 

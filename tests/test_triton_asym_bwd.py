@@ -17,6 +17,7 @@ from osdn_ops.reference import asym as reference
 from osdn_ops.triton import asym_bwd, asym_chunks, asym_states
 from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
+from osdn_ops.triton.channel_refs import REF_SPAN
 
 from .inputs import asym_problem, rel_rms
 
@@ -122,9 +123,9 @@ def test_grads_mild_and_strong_chunks(gate):
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
 def test_grads_channel_references(dtype, tol):
-    """The channel gate's three ways of forming a chunk's decayed sums in one call: a chunk spanning more than
-    ``REF_SPAN`` whose 16-token blocks each span less (four reference rows), a mild chunk (one), a chunk whose
-    blocks span more (channel by channel) and a 6-token tail."""
+    """The channel gate's three ways of forming a chunk's decayed sums, forward and backward, in one call: a chunk
+    spanning more than ``REF_SPAN`` whose 16-token blocks each span less (four reference rows), a mild chunk (one),
+    a chunk whose blocks span more (forward: 16-token blocks; backward: channel by channel) and a 6-token tail."""
     T = 3 * 64 + 6
     x = _problem("channel", T, dtype=dtype, B=1, seed=21)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(22))
@@ -133,9 +134,12 @@ def test_grads_channel_references(dtype, tol):
     def decay(a, b):      # the largest decay over tokens a..b of any channel
         return -g[:, a:b].sum(1).min().item()
 
-    assert decay(0, 64) > asym_chunks.REF_SPAN.value and decay(128, 144) > asym_chunks.REF_SPAN.value
-    assert max(decay(a, a + 16) for a in range(0, 64, 16)) < asym_chunks.REF_SPAN.value
+    assert decay(0, 64) > REF_SPAN.value and decay(128, 144) > REF_SPAN.value
+    assert max(decay(a, a + 16) for a in range(0, 64, 16)) < REF_SPAN.value
     x["g"] = g.to(x["g"].device).requires_grad_()
+    o, s = _triton("channel", x, 0.37)
+    _, o64, s64 = _oracle(asym_recurrent, "channel", x, 0.37)
+    assert rel_rms(o, o64) < tol and rel_rms(s, s64) < tol, (rel_rms(o, o64), rel_rms(s, s64))
     _check("channel", x, tol=tol)
 
 
@@ -260,6 +264,31 @@ def test_gpu_varlen(gate):
 def test_gpu_strong_decay(gate, dtype):
     x = _strong_decay(_gpu(gate, 2, 700, 2, 64, 64, dtype=dtype, seed=6), gate)
     _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_channel_paths(dtype):
+    """The channel gate's ways of forming a chunk's decayed sums at K = V = 128, in one call: gates ``logsigmoid(N)``
+    (chunk spans around ``REF_SPAN``: one or four reference rows), every fourth chunk at 1.5 times that (spans above
+    ``REF_SPAN``, 16-token blocks below it: four), every fourth at a sixteenth (one) and every fourth at ``-20 U``
+    (blocks spanning more: neither). Output, final state and every gradient."""
+    x = _gpu("channel", 2, 1024, 2, 128, 128, dtype=dtype, seed=11)
+    gen = torch.Generator().manual_seed(12)
+    g = F.logsigmoid(torch.randn(x["g"].shape, generator=gen, dtype=torch.float64)).unflatten(1, (-1, 64))
+    g[:, 0::4] /= 16
+    g[:, 1::4] *= 1.5
+    g[:, 3::4] = -20 * torch.rand(g[:, 3::4].shape, generator=gen, dtype=torch.float64)
+    G = g.cumsum(2)
+    whole = (G - G[:, :, :1]).abs().amax(dim=(2, 3, 4)) <= REF_SPAN.value
+    blocks = G.unflatten(2, (4, 16))
+    four = (blocks - blocks[:, :, :, :1]).abs().amax(dim=(2, 3, 4, 5)) <= REF_SPAN.value
+    assert whole.any() and (four & ~whole).any() and (~four).any()
+    x["g"] = g.flatten(1, 2).to(x["g"]).requires_grad_()
+    o, s = _triton("channel", x, 0.37)
+    _, o64, s64 = _oracle(asym_chunked, "channel", x, 0.37)
+    assert rel_rms(o, o64) < _tol(dtype) and rel_rms(s, s64) < _tol(dtype), (rel_rms(o, o64), rel_rms(s, s64))
+    _check("channel", x, fn=asym_chunked, tol=_tol(dtype))
 
 
 @cuda

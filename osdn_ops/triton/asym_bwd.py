@@ -50,9 +50,10 @@ import triton.language as tl
 
 from ..reference import asym as ref
 from .asym_chunks import CHUNK as C
-from .asym_chunks import (GATE_CODE, REF_SPAN, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
+from .asym_chunks import (GATE_CODE, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
                           reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
+from .channel_refs import channel_refs, mm, ref_factors, ref_scores
 from .host_math import cdiv
 
 
@@ -83,74 +84,11 @@ def _dh_narrowest(dtype: torch.dtype, GATE: int) -> int:
 
 
 @triton.jit
-def _mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
-    """fp32-accumulated product; HALF: operands rounded to bf16 (half-precision inputs)."""
-    if HALF:
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    else:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
-
-
-@triton.jit
-def _ref_gate(G, rows, rm, hh, H, K, BK: tl.constexpr, J):
-    """Channel gate: ``(m, d)`` [64, BK], the valid-entry mask and ``d = G - G_J`` against the chunk's row ``J``
-    (its first token plus J; 0 where the chunk has no row J)."""
-    ak = tl.arange(0, BK)
-    m = rm[:, None] & (ak < K)[None, :]
-    gm = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
-    has = J < tl.sum(rm.to(tl.int32), 0)
-    gJ = tl.load(G + ((tl.min(rows, 0) + J) * H + hh) * K + ak, mask=(ak < K) & has, other=0.).to(tl.float32)
-    return m, gm - gJ[None, :]
-
-
-@triton.jit
-def _ref_ok(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
-    """Channel gate: whether reference row ``J`` serves the columns of block ``[J, J + BS)`` (:func:`_ref_factors`):
-    ``|G_j - G_J| <= REF_SPAN`` on the block's rows and ``G_t - G_J <= REF_SPAN`` on the rows after it (any decay
-    there only shrinks ``e^{G_t - G_J}``)."""
-    i = tl.arange(0, 64)
-    m, d = _ref_gate(G, rows, rm, hh, H, K, BK, J)
-    inblk = (i >= J) & (i < J + BS)
-    span = tl.where(m & (i >= J)[:, None], tl.where(inblk[:, None], tl.abs(d), d), float("-inf"))
-    return tl.max(tl.max(span, 1), 0) <= REF_SPAN
-
-
-@triton.jit
-def _ref_factors(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
-    """Channel gate, reference row ``J`` for the columns of block ``[J, J + BS)``: ``(F, Bf)`` [64, BK] fp32,
-    ``F[t,c] = e^{G_tc - G_Jc}`` on valid rows ``t >= J`` and ``Bf[j,c] = e^{G_Jc - G_jc}`` on the block's valid
-    rows (0 elsewhere), so that ``E[t,j,c] = F[t,c] Bf[j,c]`` for every pair ``t >= j`` with ``j`` in the block.
-    Where :func:`_ref_ok` holds, ``Bf <= e^REF_SPAN``; an ``F`` that underflows then stands for a product below
-    ``e^-27``."""
-    i = tl.arange(0, 64)
-    m, d = _ref_gate(G, rows, rm, hh, H, K, BK, J)
-    inblk = (i >= J) & (i < J + BS)
-    F = tl.exp(tl.where(m & (i >= J)[:, None], d, float("-inf")))
-    return F, tl.exp(tl.where(m & inblk[:, None], -d, float("-inf")))
-
-
-@triton.jit
-def _channel_refs(G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate: how the chunk's decayed sums ``E[t,j,c] = e^{G_tc - G_jc}`` are formed. 1: from the chunk's
-    first row alone (every ``|G - G_0| <= REF_SPAN``, one product per sum); 4: from the first row of each 16-row
-    block, for the columns of that block (each block within REF_SPAN of its first row; four products per sum);
-    0: neither, channel by channel."""
-    if _ref_ok(G, rows, rm, hh, H, K, BK, 0, 64):
-        refs = 1
-    else:
-        refs = 4
-        for b in tl.static_range(4):
-            if not _ref_ok(G, rows, rm, hh, H, K, BK, 16 * b, 16):
-                refs = 0
-    return refs
-
-
-@triton.jit
 def _decayed_sums(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
                   HALF: tl.constexpr):
     """Channel gate: ``(R, C)`` [64, BK] fp32 with ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and
     ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` (Xr, Xc [64, 64] zero above the diagonal; a, b [64, BK] fp32) from
-    NREF reference rows (:func:`_channel_refs`), two products per reference; as :func:`_channel_far`, which forms
+    NREF reference rows (:func:`channel_refs`), two products per reference; as :func:`_channel_far`, which forms
     them channel by channel. With four references the products read fp32 operands (one tf32 pass for half inputs):
     such chunks' ``dg`` is the reverse cumsum of terms much larger than itself, and with bf16-rounded operands its
     relative error reached 2.1e-2 (bf16 keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as channel by
@@ -158,23 +96,10 @@ def _decayed_sums(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: t
     R = tl.zeros([64, BK], tl.float32)
     Cm = tl.zeros([64, BK], tl.float32)
     for r in tl.static_range(NREF):
-        F, Bf = _ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
-        R += F * _mm(Xr, b * Bf, PREC, HALF and NREF == 1)
-        Cm += Bf * _mm(tl.trans(Xc), a * F, PREC, HALF and NREF == 1)
+        F, Bf = ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
+        R += F * mm(Xr, b * Bf, PREC, HALF and NREF == 1)
+        Cm += Bf * mm(tl.trans(Xc), a * F, PREC, HALF and NREF == 1)
     return R, Cm
-
-
-@triton.jit
-def _ref_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
-                HALF: tl.constexpr):
-    """Channel gate: ``[64, 64]`` ``s[t,j] = sum_c a_tc b_jc E[t,j,c]`` (a, b [64, BK] fp32) on valid t >= j (else 0)
-    from NREF reference rows (:func:`_channel_refs`), one product per reference."""
-    i = tl.arange(0, 64)
-    s = tl.zeros([64, 64], tl.float32)
-    for r in tl.static_range(NREF):
-        F, Bf = _ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
-        s += _mm(a * F, tl.trans(b * Bf), PREC, HALF)
-    return tl.where((i[:, None] >= i[None, :]) & rm[:, None], s, 0.)
 
 
 #: one-token decay ``e^-STEP_SPAN``: a chunk where every token decays every channel by more than that forms ``dg`` from
@@ -208,7 +133,7 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
     would make the difference positive). Channel gate: one or four products of scaled tiles (``refs`` 1 or 4, the
-    chunk's :func:`_channel_refs`), else (0) channel by channel."""
+    chunk's :func:`channel_refs`), else (0) channel by channel."""
     i = tl.arange(0, 64)
     low = (i[:, None] >= i[None, :]) & rm[:, None]
     ak = tl.arange(0, BK)
@@ -219,9 +144,9 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
             am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
             bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
             if refs == 1:
-                s = _ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 1, PREC, HALF)
+                s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 1, PREC, HALF)
             else:
-                s = _ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 4, PREC, HALF)
+                s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 4, PREC, HALF)
         else:
             s = tl.zeros([64, 64], tl.float32)
             for ch in range(K):
@@ -233,7 +158,7 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
     else:
         am = tl.load(a + off, mask=m, other=0.)
         bm = tl.load(b + off, mask=m, other=0.)
-        s = _causal(_mm(am, tl.trans(bm), PREC, HALF), G, rows, rm, hh, H, GATE)
+        s = _causal(mm(am, tl.trans(bm), PREC, HALF), G, rows, rm, hh, H, GATE)
     return s
 
 
@@ -286,7 +211,7 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
               GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
     """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`). Without
     one, ``_dh`` forms it. Channel gate: also ``paths`` [chunks, H] int32, how ``_dqkv`` forms the chunk's decayed
-    sums (1 or 4 reference rows, :func:`_channel_refs`; 0 channel by channel, also where no step is mild,
+    sums (1 or 4 reference rows, :func:`channel_refs`; 0 channel by channel, also where no step is mild,
     :func:`_any_mild_step`), so that its launches read one number instead of the chunk's gates."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
@@ -294,7 +219,7 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
         return
     refs = 1
     if GATE == 2:
-        refs = _channel_refs(G, rows, rm, hh, H, K, BK)
+        refs = channel_refs(G, rows, rm, hh, H, K, BK)
         path = 0
         if _any_mild_step(G, rows, rm, hh, H, K, BK):
             path = refs
@@ -304,7 +229,7 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
     for v0 in range(0, V, BV):
         _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
         dO = tl.load(do + off, mask=m, other=0.)
-        tl.store(dvl + off, _mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
+        tl.store(dvl + off, mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -358,7 +283,7 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
         qm = tl.load(q + offk, mask=mk, other=0.)
         wm = tl.load(W + offk, mask=mk, other=0.)
         if GATE == 0:
-            P = scale * _causal(_mm(qm, tl.trans(ktm), PREC, HALF), G, rows, rm, hh, H, GATE)
+            P = scale * _causal(mm(qm, tl.trans(ktm), PREC, HALF), G, rows, rm, hh, H, GATE)
         if GATE == 1:
             gv = tl.load(G + rows * H + hh, mask=rm, other=0.).to(tl.float32)
             gl = tl.load(G + (start + L - 1) * H + hh).to(tl.float32)
@@ -377,11 +302,11 @@ def _dh(q, kt, W, G, do, dvl, dht, dh, dh0, dvn, first, cu, T, NT, scale, H, K,
         offv = (rows[:, None] * H + hh) * V + ov[None, :]
         dO = tl.load(do + offv, mask=mv, other=0.)
         if GATE == 0:
-            dV = _mm(tl.trans(P), dO, PREC, HALF) + _mm(ktm, dS, PREC, HALF)
+            dV = mm(tl.trans(P), dO, PREC, HALF) + mm(ktm, dS, PREC, HALF)
         else:
-            dV = tl.load(dvl + offv, mask=mv, other=0.).to(tl.float32) + _mm(ktm, dS, PREC, HALF)
+            dV = tl.load(dvl + offv, mask=mv, other=0.).to(tl.float32) + mm(ktm, dS, PREC, HALF)
         tl.store(dvn + offv, dV.to(dvn.dtype.element_ty), mask=mv)
-        dS = decay * dS + scale * _mm(tl.trans(qm), dO, PREC, HALF) - _mm(tl.trans(wm), dV, PREC, HALF)
+        dS = decay * dS + scale * mm(tl.trans(qm), dO, PREC, HALF) - mm(tl.trans(wm), dV, PREC, HALF)
     tl.store(dh0 + sbase + soff, dS, mask=sm)
 
 
@@ -404,7 +329,7 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
 
 @triton.jit
 def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate, a chunk on the channel-by-channel path (:func:`_channel_refs` 0, or no mild step):
+    """Channel gate, a chunk on the channel-by-channel path (:func:`channel_refs` 0, or no mild step):
     ``(R, C, S)`` [64, BK] fp32 with
     ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]``, ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` and
     ``S[s,c] = sum_{t >= s, j < s} Xc[t,j] a[t,c] b[j,c] E[t,j,c]`` (the decays' part of ``dg``, :func:`_straddle`),
@@ -444,9 +369,9 @@ def _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC: tl.constexpr, HALF: tl.c
     [64, 64] and ``rowsum(V * T^T dVn)`` [64]."""
     dV = tl.load(dvn + offv, mask=mv, other=0.)
     vv = tl.load(v + offv, mask=mv, other=0.).to(tl.float32)
-    dBV = _mm(tl.trans(Ti), dV, PREC, HALF)
+    dBV = mm(tl.trans(Ti), dV, PREC, HALF)
     tl.store(dv + offv, (bt[:, None] * dBV).to(dv.dtype.element_ty), mask=mv)
-    return _mm(dV, tl.trans(hs), PREC, HALF), _mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF), tl.sum(vv * dBV, 1)
+    return mm(dV, tl.trans(hs), PREC, HALF), mm(dV, tl.trans(vv * bt[:, None]), PREC, HALF), tl.sum(vv * dBV, 1)
 
 
 @triton.jit
@@ -479,7 +404,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     forms both (the state tile read once); with one, two passes keep fewer ``[64, K]`` tiles alive (on the H200,
     S1 ms: one pass 0.624 -> 0.561 without a gate, but 0.925 -> 1.097 with the scalar gate). Channel gate:
     launched three times, each launch taking the chunks of one way of forming the decayed sums (``paths``, from
-    ``_dv_local``): ``REFS`` 1 or 4 reference rows (:func:`_channel_refs`: products of scaled tiles, dg as the
+    ``_dv_local``): ``REFS`` 1 or 4 reference rows (:func:`channel_refs`: products of scaled tiles, dg as the
     reverse cumsum of dG) or 0 (channel by channel, :func:`_channel_far`, dg from decayed terms), the last also for
     every chunk without a mild step (:func:`_any_mild_step`). The common one-reference case thus compiles without
     the per-channel loops."""
@@ -512,10 +437,10 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         sm = km[:, None] & vm[None, :]
         hs = tl.load(h + offs, mask=sm, other=0.)
         dSn = tl.load(dh + offs, mask=sm, other=0.)
-        dq_i += _mm(dO, tl.trans(hs), PREC, HALF)
-        dkt_s += _mm(Vn, tl.trans(dSn), PREC, HALF)
+        dq_i += mm(dO, tl.trans(hs), PREC, HALF)
+        dkt_s += mm(Vn, tl.trans(dSn), PREC, HALF)
         lastv += tl.sum(hs.to(tl.float32) * dSn.to(tl.float32), 1)
-        dPm += _mm(dO, tl.trans(Vn), PREC, HALF)
+        dPm += mm(dO, tl.trans(Vn), PREC, HALF)
         if GATE == 0:
             dw_b, dTu_b, db_b = _wy_v_block(Ti, bt, hs, offv, mv, v, dvn, dv, PREC, HALF)
             dw_i += dw_b
@@ -548,11 +473,11 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     else:
         if GATE == 1:
             dPm = dPm * _scalar_decay(G, rows, rm, hh, H, False)
-            pairs = _straddle(dPm * _mm(qm, tl.trans(ktm), PREC, HALF), i)   # the scores' decays: D dL/dD
+            pairs = _straddle(dPm * mm(qm, tl.trans(ktm), PREC, HALF), i)   # the scores' decays: D dL/dD
             # A's K Kt^T here, beside Q Kt^T: in pass 2 its fp32 operands took 64 KB more shared memory (K = 128)
-            kk = _mm(tl.load(k + offk, mask=mk, other=0.).to(tl.float32), tl.trans(ktm), PREC, HALF)
-        dqm += _mm(dPm, ktm, PREC, HALF)
-        dktm += _mm(tl.trans(dPm), qm, PREC, HALF)
+            kk = mm(tl.load(k + offk, mask=mk, other=0.).to(tl.float32), tl.trans(ktm), PREC, HALF)
+        dqm += mm(dPm, ktm, PREC, HALF)
+        dktm += mm(tl.trans(dPm), qm, PREC, HALF)
     tl.store(dq + offk, dqm.to(dq.dtype.element_ty), mask=mk)
     if GATE == 2:
         if REFS > 0:
@@ -570,7 +495,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     eg, ed, el = _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK, GATE)
     dW = -dw_i
     kg = km_ * eg
-    dBK = _mm(tl.trans(Ti), dW, PREC, HALF)
+    dBK = mm(tl.trans(Ti), dW, PREC, HALF)
     dkm = bt[:, None] * eg * dBK
     if GATE == 1:
         reads += tl.sum(km_ * dkm, 1)
@@ -578,8 +503,8 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         if REFS == 0:
             reads += km_ * dkm
     db += tl.sum(kg * dBK, 1)
-    dT = _mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
-    dA = -_mm(_mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
+    dT = mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
+    dA = -mm(mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
     if GATE == 2:
         if REFS == 0:
@@ -590,8 +515,8 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         if GATE == 1:
             dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
             pairs += _straddle(dA * bt[:, None] * kk, i)   # A's decays
-        dkr = _mm(dA, ktm, PREC, HALF)
-        dktB = _mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
+        dkr = mm(dA, ktm, PREC, HALF)
+        dktB = mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
     dkm += bt[:, None] * dkr
     db += tl.sum(km_ * dkr, 1)
     dktm += dktB
@@ -602,7 +527,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         if REFS == 0:  # as _scalar_dg, channel by channel; sum_{j < s} writes_j: the cumsum moved down one row
             down = (i[None, :] == i[:, None] - 1).to(tl.float32)
             dgm = pairs + pairs_a + tl.cumsum(reads, 0, reverse=True) + (el * lastv)[None, :] \
-                + _mm(down, tl.cumsum(writes, 0), PREC, False)
+                + mm(down, tl.cumsum(writes, 0), PREC, False)
         else:
             dgm = tl.cumsum(dG + km_ * dkm - ktm * dktB, 0, reverse=True) + lastc[None, :]
         tl.store(dg + offk, dgm.to(dg.dtype.element_ty), mask=mk)

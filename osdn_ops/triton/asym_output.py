@@ -2,8 +2,8 @@
 
 ``O = scale ((Q e^G) S + tril_incl((Q e^G)(Kt e^-G)^T) Vnew)`` per chunk (DESIGN §4), with ``S``
 the chunk-start state from :func:`chunk_states`. One program per (V block, chunk, batch*head).
-Without a gate, with the scalar gate and with a channel gate within REF_SPAN of the chunk's first
-row (:func:`near_gate`) the scores are one 64 x 64 product; a stronger channel gate builds them in
+Without a gate and with the scalar gate the scores are one 64 x 64 product; with the channel gate one product of
+scaled tiles, or one per 16-column block, where the chunk allows reference rows (:func:`channel_refs`), else
 16 x 16 blocks (:func:`decayed_scores`) so every exponent stays non-positive.
 """
 from __future__ import annotations
@@ -16,14 +16,15 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          load_tile, load_vec, mma, near_gate, operand_type, referenced_scores, store_tile)
+                          fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .host_math import cdiv
 
 
 @triton.jit
-def _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K: tl.constexpr, V: tl.constexpr,
-              BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
-    """``o = scale ((Q e^G) S + P Vnew)`` for the whole chunk, given the ``[C, C]`` scores ``P``."""
+def _state_part(q, G, S, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
+                OP: tl.constexpr):
+    """``[C, BV]`` fp32 ``(Q e^G) S``: the chunk's reads of its start state."""
     r = tl.arange(0, C)
     qq = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK)
     if GATE == 1:
@@ -32,7 +33,14 @@ def _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K: tl.constexpr
     elif GATE == 2:
         Gq = load_tile(G, start, n, 0, 0, i_h, H, K, C, BK)
         qq = qq * tl.exp(tl.where((r < n)[:, None], Gq, float("-inf")))
-    acc = mma(qq.to(OP), S, OP)
+    return mma(qq.to(OP), S, OP)
+
+
+@triton.jit
+def _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K: tl.constexpr, V: tl.constexpr,
+              BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
+    """``o = scale ((Q e^G) S + P Vnew)`` for the whole chunk, given the ``[C, C]`` scores ``P``."""
+    acc = _state_part(q, G, S, start, n, i_h, H, K, BK, C, GATE, OP)
     vn = load_tile(vnew, start, n, 0, i_v * BV, i_h, H, V, C, BV).to(OP)
     acc += mma(P.to(OP), vn, OP)
     store_tile(o, acc * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
@@ -41,7 +49,7 @@ def _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K: tl.constexpr
 @triton.jit
 def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.constexpr,
                    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, C: tl.constexpr, GATE: tl.constexpr,
-                   IS_VARLEN: tl.constexpr, OP: tl.constexpr):
+                   IS_VARLEN: tl.constexpr, OP: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
     i_v, pid_c, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b, i_h = pid_bh // H, pid_bh % H
     start, n, row = chunk_span(pid_c, i_b, cu, table, T, NT, C, IS_VARLEN)
@@ -52,9 +60,21 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.const
     S = tl.load(h + (row * H + i_h) * K * V + ck[:, None] * V + cv[None, :],
                 mask=(ck[:, None] < K) & (cv[None, :] < V), other=0.).to(OP)
     if GATE == 2:
-        if near_gate(G, start, n, i_h, H, K, BK, C):
-            P = referenced_scores(q, kt, G, start, n, i_h, H, K, BK, C, False, OP)
+        r = tl.arange(0, C)
+        refs = channel_refs(G, start + r, r < n, i_h, H, K, BK)
+        if refs == 1:
+            a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            P = ref_scores(a, b, G, start + r, r < n, i_h, H, K, BK, 1, PREC, HALF)
             _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
+        elif refs == 4:
+            rows_o = _state_part(q, G, S, start, n, i_h, H, K, BK, C, GATE, OP)
+            a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            for j in tl.static_range(4):
+                Pj = ref_column_scores(a, kt, G, start + r, r < n, i_h, H, K, BK, 16 * j, False, PREC, HALF)
+                vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
+                rows_o += mma(Pj.to(OP), vj, OP)
+            store_tile(o, rows_o * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
         else:
             for i in tl.static_range(4):
                 rv = (16 * i + tl.arange(0, 16)) < n
@@ -95,5 +115,6 @@ def chunk_output(q: Tensor, k_tilde: Tensor, v_new: Tensor, h: Tensor, G: Option
     _output_kernel[(cdiv(V, BV), lay.n_chunks, B * H)](
         q, k_tilde, v_new, h, q if G is None else G, o, lay.cu, lay.table, T, lay.NT, scale,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
-        OP=operand_type(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        OP=operand_type(q.dtype), PREC=fp32_product_precision(q.dtype), HALF=operand_type(q.dtype) == tl.bfloat16,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o

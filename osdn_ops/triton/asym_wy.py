@@ -19,8 +19,8 @@ import triton.language as tl
 from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          fp32_product_precision, load_tile, load_vec, mma, near_gate, operand_type, referenced_scores,
-                          store_tile)
+                          fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .triangular import unit_lower_inverse
 
 
@@ -62,16 +62,27 @@ def gate_cumsum(g: Tensor, cu_seqlens: Optional[Tensor], chunk_size: int = CHUNK
 
 @triton.jit
 def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr,
-                  C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr):
+                  C: tl.constexpr, GATE: tl.constexpr, OP: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
     """Write ``A = tril(B (K e^G)(Kt e^-G)^T, -1)`` of the chunk into its Ainv rows (scratch).
 
-    Gates none / scalar and a channel gate within REF_SPAN of its first row: one 64 x 64
-    product. A stronger channel gate: the ten lower 16 x 16 blocks, the diagonal ones element
-    by element (blocks above the diagonal are left unwritten)."""
+    Gates none / scalar: one 64 x 64 product. Channel gate: one product of scaled tiles, or one per 16-column block,
+    where the chunk allows reference rows (:func:`channel_refs`), else the ten lower 16 x 16 blocks, the diagonal
+    ones element by element (blocks above the diagonal are left unwritten)."""
     if GATE == 2:
-        if near_gate(G, start, n, i_h, H, K, BK, C):
-            A = referenced_scores(k, kt, G, start, n, i_h, H, K, BK, C, True, OP)
-            store_tile(Ainv, load_vec(beta, start, n, 0, i_h, H, C)[:, None] * A, start, n, 0, 0, i_h, H, C, C, C)
+        r = tl.arange(0, C)
+        rows = start + r
+        refs = channel_refs(G, rows, r < n, i_h, H, K, BK)
+        bt = load_vec(beta, start, n, 0, i_h, H, C)[:, None]
+        if refs == 1:
+            a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            A = ref_scores(a, b, G, rows, r < n, i_h, H, K, BK, 1, PREC, HALF)
+            store_tile(Ainv, bt * tl.where(r[:, None] > r[None, :], A, 0.), start, n, 0, 0, i_h, H, C, C, C)
+        elif refs == 4:
+            a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+            for j in tl.static_range(4):
+                Aj = ref_column_scores(a, kt, G, rows, r < n, i_h, H, K, BK, 16 * j, True, PREC, HALF)
+                store_tile(Ainv, bt * Aj, start, n, 0, 16 * j, i_h, H, C, C, 16)
         else:
             for i in tl.static_range(4):
                 bi = load_vec(beta, start, n, 16 * i, i_h, H, 16)[:, None]
@@ -148,7 +159,7 @@ def _apply(out, Ti, x_ptr, beta, G, start, n, i_h, H, D: tl.constexpr, BD: tl.co
 def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constexpr,
                V: tl.constexpr, BK: tl.constexpr, BKW: tl.constexpr, BVW: tl.constexpr, C: tl.constexpr,
                GATE: tl.constexpr, IS_VARLEN: tl.constexpr, OP: tl.constexpr, INVERT: tl.constexpr,
-               PREC: tl.constexpr):
+               PREC: tl.constexpr, HALF: tl.constexpr):
     """One chunk and head: ``INVERT``: the scores and ``Ainv`` into the Ainv rows, then ``W, U``; else
     ``W, U`` from the inverse already in those rows (kept by an earlier call)."""
     pid_c, pid_bh = tl.program_id(0), tl.program_id(1)
@@ -157,7 +168,7 @@ def _wy_kernel(k, kt, v, beta, G, Ainv, W, U, cu, table, T, NT, H, K: tl.constex
     if n <= 0:
         return
     if INVERT:
-        _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP)
+        _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K, BK, C, GATE, OP, PREC, HALF)
         tl.debug_barrier()
         _invert_blocks(Ainv, start, n, i_h, H, C, PREC)
         tl.debug_barrier()
@@ -195,5 +206,5 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
         k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
         C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype), INVERT=inverse is None,
-        PREC=fp32_product_precision(k.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PREC=fp32_product_precision(k.dtype), HALF=operand_type(k.dtype) == tl.bfloat16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return Ainv, W, U

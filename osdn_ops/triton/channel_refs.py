@@ -1,0 +1,121 @@
+"""Reference-row form of the channel gate's in-chunk decays (DESIGN §4, KDA), shared by the forward and the backward.
+
+A chunk's decayed sums need ``E[t,j,c] = e^{G_tc - G_jc}`` for ``t >= j``. Against a reference row ``J`` it factors
+as ``e^{G_tc - G_Jc} e^{G_Jc - G_jc}``, so a sum over ``c`` becomes one matrix product of row-scaled and
+column-scaled tiles, as long as both factors stay in fp32 range. :func:`channel_refs` picks, per chunk, one
+reference (the chunk's first row; every ``|G - G_0| <= REF_SPAN``), four (the first row of each 16-token block, for
+the columns of that block; each block within ``REF_SPAN``) or none (the caller's exact element-wise path).
+Addressing: ``rows`` [64] int64 flat token indices of the chunk (its first token ``min(rows)``), ``rm`` [64] the
+valid rows, ``hh`` the head; ``G`` is ``[.., H, K]`` fp32.
+"""
+import triton
+import triton.language as tl
+
+#: largest ``|G[t,c] - G[J,c]|`` over the rows a reference row ``J`` serves: its factors ``e^{+-REF_SPAN}`` stay in
+#: fp32 (and bf16) range
+REF_SPAN = tl.constexpr(60.0)
+
+
+@triton.jit
+def mm(a, b, PREC: tl.constexpr, HALF: tl.constexpr):
+    """fp32-accumulated product; HALF: operands rounded to bf16 (half-precision inputs)."""
+    if HALF:
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+
+
+@triton.jit
+def ref_gate(G, rows, rm, hh, H, K, BK: tl.constexpr, J):
+    """Channel gate: ``(m, d)`` [64, BK], the valid-entry mask and ``d = G - G_J`` against the chunk's row ``J``
+    (its first token plus J; 0 where the chunk has no row J)."""
+    ak = tl.arange(0, BK)
+    m = rm[:, None] & (ak < K)[None, :]
+    gm = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
+    has = J < tl.sum(rm.to(tl.int32), 0)
+    gJ = tl.load(G + ((tl.min(rows, 0) + J) * H + hh) * K + ak, mask=(ak < K) & has, other=0.).to(tl.float32)
+    return m, gm - gJ[None, :]
+
+
+@triton.jit
+def ref_ok(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
+    """Channel gate: whether reference row ``J`` serves the columns of block ``[J, J + BS)`` (:func:`ref_factors`):
+    ``|G_j - G_J| <= REF_SPAN`` on the block's rows and ``G_t - G_J <= REF_SPAN`` on the rows after it (any decay
+    there only shrinks ``e^{G_t - G_J}``)."""
+    i = tl.arange(0, 64)
+    m, d = ref_gate(G, rows, rm, hh, H, K, BK, J)
+    inblk = (i >= J) & (i < J + BS)
+    span = tl.where(m & (i >= J)[:, None], tl.where(inblk[:, None], tl.abs(d), d), float("-inf"))
+    return tl.max(tl.max(span, 1), 0) <= REF_SPAN
+
+
+@triton.jit
+def ref_factors(G, rows, rm, hh, H, K, BK: tl.constexpr, J, BS: tl.constexpr):
+    """Channel gate, reference row ``J`` for the columns of block ``[J, J + BS)``: ``(F, Bf)`` [64, BK] fp32,
+    ``F[t,c] = e^{G_tc - G_Jc}`` on valid rows ``t >= J`` and ``Bf[j,c] = e^{G_Jc - G_jc}`` on the block's valid
+    rows (0 elsewhere), so that ``E[t,j,c] = F[t,c] Bf[j,c]`` for every pair ``t >= j`` with ``j`` in the block.
+    Where :func:`ref_ok` holds, ``Bf <= e^REF_SPAN``; an ``F`` that underflows then stands for a product below
+    ``e^-27``."""
+    i = tl.arange(0, 64)
+    m, d = ref_gate(G, rows, rm, hh, H, K, BK, J)
+    inblk = (i >= J) & (i < J + BS)
+    F = tl.exp(tl.where(m & (i >= J)[:, None], d, float("-inf")))
+    return F, tl.exp(tl.where(m & inblk[:, None], -d, float("-inf")))
+
+
+@triton.jit
+def channel_refs(G, rows, rm, hh, H, K, BK: tl.constexpr):
+    """Channel gate: how the chunk's decayed sums ``E[t,j,c] = e^{G_tc - G_jc}`` are formed. 1: from the chunk's
+    first row alone (every ``|G - G_0| <= REF_SPAN``, one product per sum); 4: from the first row of each 16-row
+    block, for the columns of that block (each block within REF_SPAN of its first row; four products per sum);
+    0: neither (the caller's element-wise path)."""
+    if ref_ok(G, rows, rm, hh, H, K, BK, 0, 64):
+        refs = 1
+    else:
+        refs = 4
+        for b in tl.static_range(4):
+            if not ref_ok(G, rows, rm, hh, H, K, BK, 16 * b, 16):
+                refs = 0
+    return refs
+
+
+@triton.jit
+def ref_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
+               HALF: tl.constexpr):
+    """Channel gate: ``[64, 64]`` ``s[t,j] = sum_c a_tc b_jc E[t,j,c]`` (a, b [64, BK] fp32) on valid t >= j (else 0)
+    from NREF reference rows (:func:`channel_refs`), one product per reference."""
+    i = tl.arange(0, 64)
+    s = tl.zeros([64, 64], tl.float32)
+    for r in tl.static_range(NREF):
+        F, Bf = ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
+        s += mm(a * F, tl.trans(b * Bf), PREC, HALF)
+    return tl.where((i[:, None] >= i[None, :]) & rm[:, None], s, 0.)
+
+
+@triton.jit
+def ref_column_scores(a, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, J, STRICT: tl.constexpr, PREC: tl.constexpr,
+                      HALF: tl.constexpr):
+    """Channel gate: the ``[64, 16]`` columns ``J..J+15`` of the chunk's scores, ``s[t,j] = sum_c a_tc b_(J+j)c
+    E[t,J+j,c]`` on valid ``t > J + j`` (STRICT) or ``t >= J + j`` (else 0), as one product against reference row
+    ``J`` (four references, :func:`channel_refs`; products as :func:`mm`). ``a`` [64, BK] fp32; ``b_ptr`` a
+    ``[.., H, K]`` tensor whose block rows are read here, so only the block's factors ``[16, BK]`` are formed."""
+    i = tl.arange(0, 64)
+    jj = J + tl.arange(0, 16)
+    ak = tl.arange(0, BK)
+    n = tl.sum(rm.to(tl.int32), 0)
+    first = tl.min(rows, 0)
+    m = rm[:, None] & (ak < K)[None, :]
+    bm = (jj < n)[:, None] & (ak < K)[None, :]
+    gJ = tl.load(G + ((first + J) * H + hh) * K + ak, mask=(ak < K) & (J < n), other=0.).to(tl.float32)
+    gt = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
+    F = tl.exp(tl.where(m & (i >= J)[:, None], gt - gJ[None, :], float("-inf")))
+    offb = ((first + jj)[:, None] * H + hh) * K + ak[None, :]
+    gb = tl.load(G + offb, mask=bm, other=0.).to(tl.float32)
+    bb = tl.load(b_ptr + offb, mask=bm, other=0.).to(tl.float32)
+    bb = bb * tl.exp(tl.where(bm, gJ[None, :] - gb, float("-inf")))
+    s = mm(a * F, tl.trans(bb), PREC, HALF)
+    if STRICT:
+        keep = i[:, None] > jj[None, :]
+    else:
+        keep = i[:, None] >= jj[None, :]
+    return tl.where(keep & rm[:, None], s, 0.)
