@@ -26,7 +26,8 @@ from osdn_ops.triton.channel_refs import REF_SPAN
 
 def backward_paths(g):
     """Shares of the chunks of ``g`` [B, T, H, K] (T a multiple of CHUNK, gates <= 0) whose backward takes one
-    reference row, four, or the channel loop (``osdn_ops.triton.channel_refs.channel_refs`` and ``asym_bwd._any_mild_step``)."""
+    reference row, four, or the channel loop (``osdn_ops.triton.channel_refs.channel_refs`` and
+    ``asym_bwd._any_mild_step``)."""
     g = g.float().unflatten(1, (-1, CHUNK))                       # [B, NT, C, H, K]
     G = g.cumsum(2)
     one = (G - G[:, :, :1]).abs().amax(dim=(2, 4)) <= REF_SPAN.value

@@ -151,6 +151,14 @@ def fp32_product_precision(dtype: torch.dtype) -> str:
     return MMA_PRECISION.value if dtype == torch.float32 else "tf32"
 
 
+def bf16_scores(dtype: torch.dtype) -> bool:
+    """Whether the forward's channel-gate scores from reference rows (``channel_refs``; constexpr ``HALF``) multiply
+    bf16-rounded operands: for bf16 inputs on a GPU. fp16 inputs take one tf32 pass (``fp32_product_precision``)
+    instead: the factors reach ``e^{+-REF_SPAN}``, beyond fp16's range (H200: every output of an fp16 channel-gated
+    op was inf/NaN with the product in fp16); fp32 inputs and the interpreter keep fp32 operands."""
+    return operand_type(dtype) == tl.bfloat16
+
+
 @triton.jit
 def mma(a, b, OP: tl.constexpr):
     """``a @ b`` with fp32 accumulation, operands cast to OP (fp32 operands: ``MMA_PRECISION``)."""

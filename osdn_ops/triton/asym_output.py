@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, bf16_scores, block, chunk_layout, chunk_span,
+                          decayed_scores, fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
 from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .host_math import cdiv
 
@@ -115,6 +115,6 @@ def chunk_output(q: Tensor, k_tilde: Tensor, v_new: Tensor, h: Tensor, G: Option
     _output_kernel[(cdiv(V, BV), lay.n_chunks, B * H)](
         q, k_tilde, v_new, h, q if G is None else G, o, lay.cu, lay.table, T, lay.NT, scale,
         H=H, K=K, V=V, BK=block(K), BV=BV, C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen,
-        OP=operand_type(q.dtype), PREC=fp32_product_precision(q.dtype), HALF=operand_type(q.dtype) == tl.bfloat16,
+        OP=operand_type(q.dtype), PREC=fp32_product_precision(q.dtype), HALF=bf16_scores(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o

@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, block, chunk_layout, chunk_span, decayed_scores,
-                          fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, bf16_scores, block, chunk_layout, chunk_span,
+                          decayed_scores, fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
 from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .triangular import unit_lower_inverse
 
@@ -206,5 +206,6 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
         k, k_tilde, v, beta, k if G is None else G, Ainv, W, U, lay.cu, lay.table, T, lay.NT,
         H=H, K=K, V=V, BK=block(K), BKW=min(block(K), cfg["block_out"]), BVW=min(block(V), cfg["block_out"]),
         C=CHUNK, GATE=GATE_CODE[gate], IS_VARLEN=lay.varlen, OP=operand_type(k.dtype), INVERT=inverse is None,
-        PREC=fp32_product_precision(k.dtype), HALF=operand_type(k.dtype) == tl.bfloat16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PREC=fp32_product_precision(k.dtype), HALF=bf16_scores(k.dtype), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return Ainv, W, U
