@@ -32,11 +32,11 @@ forward's stage functions, which keeps the saved activations near the inputs' si
 Kernels: ``_dh`` (the reverse recurrence, one program per sequence, head and V block; without a gate it
 forms P^T dO itself, with one ``_dv_local`` forms it in parallel first), ``_dqkv`` (step 2, parallel).
 The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk
-(``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward), else four products when each
-16-row block is within REF_SPAN of its first row ``r`` (``E = e^{G_t - G_r} e^{G_r - G_j}`` for the columns ``j`` of
-that block, ``t >= j``: the first factor at most 1, the second at most ``e^REF_SPAN``); ``_dqkv`` is launched once
-for each, and once more for the remaining chunks and those whose every one-token step is below -STEP_SPAN, which
-it sums channel by channel (exact, slower, no extra buffers).
+(``E = e^{G_t - G_0} e^{G_0 - G_j}``, both factors in fp32 range, as in the forward), else one product per 16-column
+block when each 16-row block is within REF_SPAN of its first row ``r`` (``E = e^{G_t - G_r} e^{G_r - G_j}`` for the
+columns ``j`` of that block, ``t >= j``: the first factor at most 1, the second at most ``e^REF_SPAN``);
+``_dqkv`` is launched once for each, and once more for the remaining chunks and those whose every one-token step is
+below -STEP_SPAN, which it sums channel by channel (exact, slower, no extra buffers).
 No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
 fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -53,7 +53,7 @@ from .asym_chunks import CHUNK as C
 from .asym_chunks import (GATE_CODE, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
                           reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
-from .channel_refs import channel_refs, mm, ref_factors, ref_scores
+from .channel_refs import channel_refs, mm, ref_column_scores, ref_column_sums, ref_factors, ref_scores
 from .host_math import cdiv
 
 
@@ -84,22 +84,20 @@ def _dh_narrowest(dtype: torch.dtype, GATE: int) -> int:
 
 
 @triton.jit
-def _decayed_sums(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr, PREC: tl.constexpr,
-                  HALF: tl.constexpr):
+def _decayed_sums(Xr, Xc, a, b, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, NREF: tl.constexpr,
+                  PREC: tl.constexpr, HALF: tl.constexpr):
     """Channel gate: ``(R, C)`` [64, BK] fp32 with ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and
-    ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` (Xr, Xc [64, 64] zero above the diagonal; a, b [64, BK] fp32) from
-    NREF reference rows (:func:`channel_refs`), two products per reference; as :func:`_channel_far`, which forms
-    them channel by channel. With four references the products read fp32 operands (one tf32 pass for half inputs):
-    such chunks' ``dg`` is the reverse cumsum of terms much larger than itself, and with bf16-rounded operands its
-    relative error reached 2.1e-2 (bf16 keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as channel by
-    channel; H100, 2026-12-05)."""
-    R = tl.zeros([64, BK], tl.float32)
-    Cm = tl.zeros([64, BK], tl.float32)
-    for r in tl.static_range(NREF):
-        F, Bf = ref_factors(G, rows, rm, hh, H, K, BK, r * (64 // NREF), 64 // NREF)
-        R += F * mm(Xr, b * Bf, PREC, HALF and NREF == 1)
-        Cm += Bf * mm(tl.trans(Xc), a * F, PREC, HALF and NREF == 1)
-    return R, Cm
+    ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` (Xr, Xc [64, 64] zero above the diagonal; a, b [64, BK] fp32, ``b``
+    also at ``b_ptr``) from NREF reference rows (:func:`channel_refs`): one product each (1), or one per 16-column
+    block (4, :func:`ref_column_sums`); as :func:`_channel_far`, which forms them channel by channel. With four
+    references the products read fp32 operands (one tf32 pass for half inputs): such chunks' ``dg`` is the reverse
+    cumsum of terms much larger than itself, and with bf16-rounded operands its relative error reached 2.1e-2 (bf16
+    keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as channel by channel; H100, 2026-12-05)."""
+    if NREF == 1:
+        F, Bf = ref_factors(G, rows, rm, hh, H, K, BK)
+        return F * mm(Xr, b * Bf, PREC, HALF), Bf * mm(tl.trans(Xc), a * F, PREC, HALF)
+    else:
+        return ref_column_sums(Xr, Xc, a, b_ptr, G, rows, rm, hh, H, K, BK, PREC)
 
 
 #: one-token decay ``e^-STEP_SPAN``: a chunk where every token decays every channel by more than that forms ``dg`` from
@@ -132,21 +130,18 @@ def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
     (products as :func:`_mm`).
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
-    would make the difference positive). Channel gate: one or four products of scaled tiles (``refs`` 1 or 4, the
-    chunk's :func:`channel_refs`), else (0) channel by channel."""
+    would make the difference positive). Channel gate: one product of scaled tiles (``refs`` 1, the chunk's
+    :func:`channel_refs`), else channel by channel (four references: :func:`_dv_local` takes column blocks)."""
     i = tl.arange(0, 64)
     low = (i[:, None] >= i[None, :]) & rm[:, None]
     ak = tl.arange(0, BK)
     m = rm[:, None] & (ak < K)[None, :]
     off = (rows[:, None] * H + hh) * K + ak[None, :]
     if GATE == 2:
-        if refs > 0:
+        if refs == 1:
             am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
             bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
-            if refs == 1:
-                s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 1, PREC, HALF)
-            else:
-                s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, 4, PREC, HALF)
+            s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, PREC, HALF)
         else:
             s = tl.zeros([64, 64], tl.float32)
             for ch in range(K):
@@ -224,12 +219,26 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
         if _any_mild_step(G, rows, rm, hh, H, K, BK):
             path = refs
         tl.store(paths + c * H + hh, path)
-    P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, refs, GATE, PREC, HALF)
-    P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
-    for v0 in range(0, V, BV):
-        _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
-        dO = tl.load(do + off, mask=m, other=0.)
-        tl.store(dvl + off, mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
+    if refs == 4:  # one [64, 16] block of columns of P at a time, against its reference row
+        ak = tl.arange(0, BK)
+        qm = tl.load(q + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
+                     other=0.).to(tl.float32)
+        for jb in tl.static_range(4):
+            Pj = scale * ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16 * jb, False, PREC, HALF)
+            jj = 16 * jb + tl.arange(0, 16)
+            for v0 in range(0, V, BV):
+                ov, vm, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
+                dO = tl.load(do + off, mask=m, other=0.)
+                dVj = mm(tl.trans(Pj), dO, PREC, HALF)
+                tl.store(dvl + ((start + jj)[:, None] * H + hh) * V + ov[None, :], dVj.to(dvl.dtype.element_ty),
+                         mask=(jj < L)[:, None] & vm[None, :])
+    else:
+        P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, refs, GATE, PREC, HALF)
+        P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
+        for v0 in range(0, V, BV):
+            _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
+            dO = tl.load(do + off, mask=m, other=0.)
+            tl.store(dvl + off, mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -467,7 +476,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
             dqm += R
             dktm += Cm
         else:
-            R, Cm = _decayed_sums(dPm, dPm, qm, ktm, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
+            R, Cm = _decayed_sums(dPm, dPm, qm, ktm, kt, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
             dqm += R
             dktm += Cm
     else:
@@ -510,7 +519,8 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         if REFS == 0:
             dkr, dktB, pairs_a = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
         else:
-            dkr, dktB = _decayed_sums(dA, dA * bt[:, None], km_, ktm, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
+            dkr, dktB = _decayed_sums(dA, dA * bt[:, None], km_, ktm, kt, G, rows, rm, hh, H, K, BK, REFS, PREC,
+                                      HALF)
     else:
         if GATE == 1:
             dA = dA * _scalar_decay(G, rows, rm, hh, H, True)

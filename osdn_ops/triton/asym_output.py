@@ -65,7 +65,7 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.const
         if refs == 1:
             a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            P = ref_scores(a, b, G, start + r, r < n, i_h, H, K, BK, 1, PREC, HALF)
+            P = ref_scores(a, b, G, start + r, r < n, i_h, H, K, BK, PREC, HALF)
             _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
         elif refs == 4:
             rows_o = _state_part(q, G, S, start, n, i_h, H, K, BK, C, GATE, OP)

@@ -76,7 +76,7 @@ def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: t
         if refs == 1:
             a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            A = ref_scores(a, b, G, rows, r < n, i_h, H, K, BK, 1, PREC, HALF)
+            A = ref_scores(a, b, G, rows, r < n, i_h, H, K, BK, PREC, HALF)
             store_tile(Ainv, bt * tl.where(r[:, None] > r[None, :], A, 0.), start, n, 0, 0, i_h, H, C, C, C)
         elif refs == 4:
             a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
