@@ -53,7 +53,8 @@ from .asym_chunks import CHUNK as C
 from .asym_chunks import (GATE_CODE, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
                           reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
-from .channel_refs import channel_refs, mm, ref_column_scores, ref_column_sums, ref_factors, ref_scores
+from .channel_refs import (channel_refs, mm, ref_column_scores, ref_column_sums, ref_factors, ref_scores,
+                           stack_columns)
 from .host_math import cdiv
 
 
@@ -219,26 +220,21 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
         if _any_mild_step(G, rows, rm, hh, H, K, BK):
             path = refs
         tl.store(paths + c * H + hh, path)
-    if refs == 4:  # one [64, 16] block of columns of P at a time, against its reference row
+    if refs == 4:  # P's 16-column blocks, each against its reference row
         ak = tl.arange(0, BK)
         qm = tl.load(q + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
                      other=0.).to(tl.float32)
-        for jb in tl.static_range(4):
-            Pj = scale * ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16 * jb, False, PREC, HALF)
-            jj = 16 * jb + tl.arange(0, 16)
-            for v0 in range(0, V, BV):
-                ov, vm, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
-                dO = tl.load(do + off, mask=m, other=0.)
-                dVj = mm(tl.trans(Pj), dO, PREC, HALF)
-                tl.store(dvl + ((start + jj)[:, None] * H + hh) * V + ov[None, :], dVj.to(dvl.dtype.element_ty),
-                         mask=(jj < L)[:, None] & vm[None, :])
+        P = stack_columns(ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 0, False, PREC, HALF),
+                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16, False, PREC, HALF),
+                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 32, False, PREC, HALF),
+                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 48, False, PREC, HALF))
     else:
         P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, refs, GATE, PREC, HALF)
-        P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
-        for v0 in range(0, V, BV):
-            _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
-            dO = tl.load(do + off, mask=m, other=0.)
-            tl.store(dvl + off, mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
+    P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
+    for v0 in range(0, V, BV):
+        _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
+        dO = tl.load(do + off, mask=m, other=0.)
+        tl.store(dvl + off, mm(tl.trans(P), dO, PREC, HALF).to(dvl.dtype.element_ty), mask=m)
 
 
 @triton.jit

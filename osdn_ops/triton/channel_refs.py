@@ -135,12 +135,31 @@ def column_blocks(X):
 
 
 @triton.jit
+def _join_rows(a, b):
+    """``[2M, N]``: ``a`` [M, N] above ``b`` [M, N]."""
+    M: tl.constexpr = a.shape[0]
+    N: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (2, 0, 1)), [2 * M, N])
+
+
+@triton.jit
+def _join_columns(a, b):
+    """``[M, 2N]``: ``a`` [M, N] left of ``b`` [M, N]."""
+    M: tl.constexpr = a.shape[0]
+    N: tl.constexpr = a.shape[1]
+    return tl.reshape(tl.permute(tl.join(a, b), (0, 2, 1)), [M, 2 * N])
+
+
+@triton.jit
 def stack_rows(c0, c1, c2, c3):
-    """``[64, N]`` from four ``[16, N]`` row blocks, in order (the inverse of taking row blocks)."""
-    N: tl.constexpr = c0.shape[1]
-    top = tl.reshape(tl.permute(tl.join(c0, c1), (2, 0, 1)), [32, N])
-    bottom = tl.reshape(tl.permute(tl.join(c2, c3), (2, 0, 1)), [32, N])
-    return tl.reshape(tl.permute(tl.join(top, bottom), (2, 0, 1)), [64, N])
+    """``[64, N]`` from four ``[16, N]`` row blocks, in order."""
+    return _join_rows(_join_rows(c0, c1), _join_rows(c2, c3))
+
+
+@triton.jit
+def stack_columns(c0, c1, c2, c3):
+    """``[64, 64]`` from four ``[64, 16]`` column blocks, in order (the inverse of :func:`column_blocks`)."""
+    return _join_columns(_join_columns(c0, c1), _join_columns(c2, c3))
 
 
 @triton.jit
