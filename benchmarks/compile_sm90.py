@@ -12,7 +12,8 @@ loads a software-pipelined loop issues ahead; zero where Triton did not pipeline
 A variant that does not compile (or needs more than the 227 KiB of shared memory a Hopper
 block gets) is listed and makes the exit status 1. Catches what the interpreter cannot:
 register/shared-memory limits and compile errors of the GPU backend. ``--largest`` compiles only the
-variants of the shapes with the biggest tiles (what ``tests/test_sm90_compile.py`` runs in CI).
+variants of the shapes with the biggest tiles and of the benchmark shapes (what ``tests/test_sm90_compile.py`` runs
+in CI).
 """
 import importlib
 import json
@@ -81,8 +82,9 @@ def workload(largest=False):
     """Every op forward and backward, per (K, V), dtype, gate and layout (precond_scan also as the benchmarks call
     it: dense, without d0 and retention, the backward from the forward's residuals, and on one 2048-token sequence,
     which runs its two-level chains where the SM count allows); ``largest``: only the biggest
-    half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first, and those of the
-    two-level chains (K = 128)."""
+    half-precision tiles (K = V = 256, bf16, dense layout), where shared memory runs out first, those of the
+    benchmark shapes (K = V = 128, bf16, dense layout), whose variants take other paths and launch settings, and
+    those of the two-level chains (K = 128)."""
     import osdn_ops.triton as ot
     from osdn_ops.triton import asym_chunks
     os.environ.pop("TRITON_INTERPRET")  # kernels are defined: now pick operand types as on a GPU
@@ -96,7 +98,7 @@ def workload(largest=False):
 def _ops(ot, largest):
     from tests.inputs import asym_call, asym_problem, precond_problem
     fns = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
-    cases = ([((256, 256), torch.bfloat16)] if largest else
+    cases = ([((256, 256), torch.bfloat16), ((128, 128), torch.bfloat16)] if largest else
              [(kv, dtype) for kv in ((128, 128), (64, 16), (256, 256), (48, 96), (128, 256))
               for dtype in (torch.bfloat16, torch.float16, torch.float32)])
     for (K, V), dtype in cases:

@@ -1,11 +1,13 @@
-"""The kernel variants with the biggest tiles compile for sm_90 (H100/H200) and fit its shared memory.
+"""The kernel variants with the biggest tiles, and those of the benchmark shapes, compile for sm_90 (H100/H200) and
+fit its shared memory.
 
 No GPU needed: ``benchmarks/compile_sm90.py --largest`` records the launches of every op (forward and
-backward, K = V = 256, bf16) under the interpreter and compiles each with Triton's own toolchain. The
-interpreter alone cannot see shared-memory or register limits: a K = 256 variant of the reverse
+backward, K = V = 256 and K = V = 128, bf16) under the interpreter and compiles each with Triton's own toolchain.
+The interpreter alone cannot see shared-memory or register limits: a K = 256 variant of the reverse
 recurrence that needed 368 KB of shared memory (the H200 gives a block 227 KB) once reached the GPU
-unnoticed. It also checks that precond_scan's serial chains and its output pass compile to software-pipelined
-loops (asynchronous copies in their PTX), which the interpreter cannot see either.
+unnoticed, and a compile error of a K = 128 variant of the channel gate's output kernel once passed it. It also
+checks that precond_scan's serial chains and its output pass compile to software-pipelined loops (asynchronous
+copies in their PTX), which the interpreter cannot see either.
 """
 import os
 import re
