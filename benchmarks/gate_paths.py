@@ -7,10 +7,11 @@ backward forms a chunk's decayed sums from its first row (span at most ``REF_SPA
 row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else channel by channel ("loop"), which it
 also takes where every token decays every channel by more than e^-4. On the S1 problem of
 :func:`osdn_ops.bench.make_problem`, prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench
-gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 (loop),
-``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the bench gates again; with the
-share of chunks of each backward path, and fla's ``chunk_kda`` forward+backward kernel ms on the same gates (keys k
-for both of its keys) where fla is installed.
+gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 (loop), the gates of
+an eighth of the channels lowered by 4 (fast-forgetting channels: their 16-token blocks span more than 60, so every
+chunk takes the loop), ``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the
+bench gates again; with the share of chunks of each backward path, and fla's ``chunk_kda`` forward+backward kernel
+ms on the same gates (keys k for both of its keys) where fla is installed.
 """
 import sys
 
@@ -52,8 +53,11 @@ def main(path=None):
     kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
     one = p.g_channel.clone()
     one[:, ::CHUNK] = -6.0
+    fast = p.g_channel.clone()
+    fast[..., : fast.shape[-1] // 8] -= 4.0
     torch.manual_seed(1)
     cases = [("bench", p.g_channel), ("one token per chunk at -6", one), ("every gate - 6", p.g_channel - 6.0),
+             ("an eighth of the channels - 4", fast),
              ("logsigmoid(N)", F.logsigmoid(torch.randn_like(p.g_channel))),
              ("bench again", p.g_channel)]
     try:
