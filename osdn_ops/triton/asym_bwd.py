@@ -128,7 +128,7 @@ def _any_mild_step(G, rows, rm, hh, H, K, BK: tl.constexpr):
 def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
                   GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
     """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0
-    (products as :func:`_mm`).
+    (products as :func:`mm`).
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
     would make the difference positive). Channel gate: one product of scaled tiles (``refs`` 1, the chunk's
@@ -205,7 +205,7 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 @triton.jit
 def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
               GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
-    """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`_mm`). Without
+    """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`mm`). Without
     one, ``_dh`` forms it. Channel gate: also ``paths`` [chunks, H] int32, how ``_dqkv`` forms the chunk's decayed
     sums (1 or 4 reference rows, :func:`channel_refs`; 0 channel by channel, also where no step is mild,
     :func:`_any_mild_step`), so that its launches read one number instead of the chunk's gates."""

@@ -63,8 +63,7 @@ def channel_refs(G, rows, rm, hh, H, K, BK: tl.constexpr):
     """Channel gate: how the chunk's decayed sums ``E[t,j,c] = e^{G_tc - G_jc}`` are formed. 1: from the chunk's
     first row alone (every ``|G - G_0| <= REF_SPAN``, one product per sum); 4: from the first row of each 16-row
     block, for the columns of that block (each block within REF_SPAN of its first row; one product per 16-column
-    block);
-    0: neither (the caller's element-wise path)."""
+    block); 0: neither (the caller's element-wise path)."""
     if ref_ok(G, rows, rm, hh, H, K, BK, 0, 64):
         refs = 1
     else:
