@@ -23,8 +23,9 @@ gradient of the state at its end)::
    plus, on the last row, e^{G_L} rowsum(S * dSn) + sum_j kt_j dKt_state,j;
    dg = reverse cumsum of dG within the chunk for the channel gate's chunks whose sums are products (below;
    some one-token step of at least -STEP_SPAN). The scalar gate and the channel gate's other chunks form the same
-   sum from decayed terms only (``_scalar_dg``, ``_channel_far``), which keeps dg's relative accuracy where a
-   token decays by e^-20 (the reverse cumsum subtracts O(1) undecayed terms, whose rounding then exceeds dg).
+   sum from decayed terms only (``_scalar_dg``, :func:`channel_blocks.block_sums`), which keeps dg's relative
+   accuracy where a token decays by e^-20 (the reverse cumsum subtracts O(1) undecayed terms, whose rounding then
+   exceeds dg).
 
 The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
 fp32); G, W, U (formed from the kept T), the chunk-start states S and Vn are recomputed with the
@@ -36,7 +37,9 @@ The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_S
 block when each 16-row block is within REF_SPAN of its first row ``r`` (``E = e^{G_t - G_r} e^{G_r - G_j}`` for the
 columns ``j`` of that block, ``t >= j``: the first factor at most 1, the second at most ``e^REF_SPAN``);
 ``_dqkv`` is launched once for each, and once more for the remaining chunks and those whose every one-token step is
-below -STEP_SPAN, which it sums channel by channel (exact, slower, no extra buffers).
+below -STEP_SPAN, which it forms in the exact block form for half inputs with K <= 128 (:mod:`channel_blocks`:
+below the diagonal each column block against its last row, where both factors are at most 1; the diagonal 16 x 16
+blocks element by element), else channel by channel (exact, slower, no extra buffers).
 No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
 fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -53,6 +56,7 @@ from .asym_chunks import CHUNK as C
 from .asym_chunks import (GATE_CODE, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
                           reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
+from .channel_blocks import block_scores, block_sums
 from .channel_refs import (channel_refs, mm, ref_column_scores, ref_column_sums, ref_factors, ref_scores,
                            stack_columns)
 from .host_math import cdiv
@@ -90,10 +94,11 @@ def _decayed_sums(Xr, Xc, a, b, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, 
     """Channel gate: ``(R, C)`` [64, BK] fp32 with ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]`` and
     ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` (Xr, Xc [64, 64] zero above the diagonal; a, b [64, BK] fp32, ``b``
     also at ``b_ptr``) from NREF reference rows (:func:`channel_refs`): one product each (1), or one per 16-column
-    block (4, :func:`ref_column_sums`); as :func:`_channel_far`, which forms them channel by channel. With four
-    references the products read fp32 operands (one tf32 pass for half inputs): such chunks' ``dg`` is the reverse
-    cumsum of terms much larger than itself, and with bf16-rounded operands its relative error reached 2.1e-2 (bf16
-    keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as channel by channel; H100, 2026-12-05)."""
+    block (4, :func:`ref_column_sums`); as :func:`channel_blocks.block_sums`, which also forms dg's decayed
+    terms. With four references the products read fp32 operands (one tf32 pass for half inputs): such chunks' ``dg``
+    is the reverse cumsum of terms much larger than itself, and with bf16-rounded operands its relative error reached
+    2.1e-2 (bf16 keys, T 65536, ``g = logsigmoid(N)``; 1.3e-2 with tf32, as with an element-wise sum; H100,
+    2026-12-05)."""
     if NREF == 1:
         F, Bf = ref_factors(G, rows, rm, hh, H, K, BK)
         return F * mm(Xr, b * Bf, PREC, HALF), Bf * mm(tl.trans(Xc), a * F, PREC, HALF)
@@ -125,32 +130,21 @@ def _any_mild_step(G, rows, rm, hh, H, K, BK: tl.constexpr):
 
 
 @triton.jit
-def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, refs,
+def _gated_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr,
                   GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr):
     """[64,64] fp32 ``s[t,j] = sum_c a_tc b_jc exp(G_tc - G_jc)`` for valid t >= j, else 0
     (products as :func:`mm`).
 
     Only in-chunk pairs t >= j are exponentiated (rows past the chunk's end read G = 0, which
-    would make the difference positive). Channel gate: one product of scaled tiles (``refs`` 1, the chunk's
-    :func:`channel_refs`), else channel by channel (four references: :func:`_dv_local` takes column blocks)."""
-    i = tl.arange(0, 64)
-    low = (i[:, None] >= i[None, :]) & rm[:, None]
+    would make the difference positive). Channel gate: the one-reference form (:func:`channel_refs` 1; the
+    other forms take column blocks, :func:`_dv_local`)."""
     ak = tl.arange(0, BK)
     m = rm[:, None] & (ak < K)[None, :]
     off = (rows[:, None] * H + hh) * K + ak[None, :]
     if GATE == 2:
-        if refs == 1:
-            am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
-            bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
-            s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, PREC, HALF)
-        else:
-            s = tl.zeros([64, 64], tl.float32)
-            for ch in range(K):
-                offc = (rows * H + hh) * K + ch
-                ac = tl.load(a + offc, mask=rm, other=0.).to(tl.float32)
-                bc = tl.load(b + offc, mask=rm, other=0.).to(tl.float32)
-                gc = tl.load(G + offc, mask=rm, other=0.).to(tl.float32)
-                s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+        am = tl.load(a + off, mask=m, other=0.).to(tl.float32)
+        bm = tl.load(b + off, mask=m, other=0.).to(tl.float32)
+        s = ref_scores(am, bm, G, rows, rm, hh, H, K, BK, PREC, HALF)
     else:
         am = tl.load(a + off, mask=m, other=0.)
         bm = tl.load(b + off, mask=m, other=0.)
@@ -204,11 +198,13 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 
 @triton.jit
 def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
-              GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
+              GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr,
+              BLOCKS: tl.constexpr):
     """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`mm`). Without
     one, ``_dh`` forms it. Channel gate: also ``paths`` [chunks, H] int32, how ``_dqkv`` forms the chunk's decayed
-    sums (1 or 4 reference rows, :func:`channel_refs`; 0 channel by channel, also where no step is mild,
-    :func:`_any_mild_step`), so that its launches read one number instead of the chunk's gates."""
+    sums (1 or 4 reference rows, :func:`channel_refs`; 0 neither, also where no step is mild,
+    :func:`_any_mild_step`: the exact block form with ``BLOCKS``, else channel by channel), so that its launches
+    read one number instead of the chunk's gates."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
@@ -220,16 +216,22 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
         if _any_mild_step(G, rows, rm, hh, H, K, BK):
             path = refs
         tl.store(paths + c * H + hh, path)
-    if refs == 4:  # P's 16-column blocks, each against its reference row
+    if refs == 1:
+        P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, GATE, PREC, HALF)
+    else:
         ak = tl.arange(0, BK)
         qm = tl.load(q + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
                      other=0.).to(tl.float32)
-        P = stack_columns(ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 0, False, PREC, HALF),
-                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16, False, PREC, HALF),
-                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 32, False, PREC, HALF),
-                          ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 48, False, PREC, HALF))
-    else:
-        P = _gated_scores(q, kt, G, rows, rm, hh, H, K, BK, refs, GATE, PREC, HALF)
+        if refs == 0:
+            if BLOCKS:
+                P = block_scores(qm, kt, G, rows, rm, hh, H, K, BK, PREC, HALF)
+            else:
+                P = _channel_scores(q, kt, G, rows, rm, hh, H, K)
+        else:  # four references: P's 16-column blocks, each against its reference row
+            P = stack_columns(ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 0, 0, 0, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16, 16, 16, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 32, 32, 32, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 48, 48, 48, False, PREC, HALF))
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
         _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
@@ -334,7 +336,7 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
 
 @triton.jit
 def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate, a chunk on the channel-by-channel path (:func:`channel_refs` 0, or no mild step):
+    """Channel gate, fp32 inputs, a chunk of neither reference form (:func:`channel_refs` 0, or no mild step):
     ``(R, C, S)`` [64, BK] fp32 with
     ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]``, ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` and
     ``S[s,c] = sum_{t >= s, j < s} Xc[t,j] a[t,c] b[j,c] E[t,j,c]`` (the decays' part of ``dg``, :func:`_straddle`),
@@ -357,6 +359,43 @@ def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
         Cm = tl.where(sel, tl.sum(XcE, 0)[:, None], Cm)
         S = tl.where(sel, _straddle(XcE * bc[None, :], i)[:, None], S)
     return R, Cm, S
+
+
+@triton.jit
+def _channel_scores(a, b, G, rows, rm, hh, H, K):
+    """Channel gate, fp32 inputs, a chunk of neither reference form: ``[64, 64]`` ``s[t,j] = sum_c a_tc b_jc
+    E[t,j,c]`` on valid ``t >= j`` (else 0), channel by channel (``a``, ``b``: ``[.., H, K]`` tensors)."""
+    i = tl.arange(0, 64)
+    low = (i[:, None] >= i[None, :]) & rm[:, None]
+    s = tl.zeros([64, 64], tl.float32)
+    for ch in range(K):
+        offc = (rows * H + hh) * K + ch
+        ac = tl.load(a + offc, mask=rm, other=0.).to(tl.float32)
+        bc = tl.load(b + offc, mask=rm, other=0.).to(tl.float32)
+        gc = tl.load(G + offc, mask=rm, other=0.).to(tl.float32)
+        s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
+    return s
+
+
+@triton.jit
+def _far_sums(X, rs, a_ptr, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, accR, scR, accC, accS,
+              PREC: tl.constexpr, BLOCKS: tl.constexpr):
+    """Channel gate, a chunk of neither reference form (or without a mild step): the decayed sums and their part
+    of dg added to the accumulators as :func:`channel_blocks.block_sums` does, in the exact block form (``BLOCKS``:
+    half inputs) or channel by channel (fp32 inputs: their block form's products were miscompiled, below)."""
+    if BLOCKS:
+        accR, accC, accS, rdot = block_sums(X, rs, a_ptr, b_ptr, G, rows, rm, hh, H, K, BK, accR, scR, accC, accS,
+                                            PREC)
+    else:
+        R, C, S = _channel_far(X, X * rs[:, None], a_ptr, b_ptr, G, rows, rm, hh, H, K, BK)
+        ak = tl.arange(0, BK)
+        a = tl.load(a_ptr + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
+                    other=0.).to(tl.float32)
+        accR += scR[:, None] * R
+        accC += C
+        accS += S
+        rdot = tl.sum(a * R, 1)
+    return accR, accC, accS, rdot
 
 
 @triton.jit
@@ -403,16 +442,16 @@ def _scalar_dg(paired, reads, writes, carry, i):
 @triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths,
           table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-          PREC: tl.constexpr, HALF: tl.constexpr, REFS: tl.constexpr, VARLEN: tl.constexpr):
+          PREC: tl.constexpr, HALF: tl.constexpr, REFS: tl.constexpr, VARLEN: tl.constexpr, BLOCKS: tl.constexpr):
     """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg) from (1) the state and score terms (dq final, dkt's
     first part) and (2) the WY terms (dv, dk, the rest of dkt, dbeta, dg). Without a gate one pass over V blocks
     forms both (the state tile read once); with one, two passes keep fewer ``[64, K]`` tiles alive (on the H200,
     S1 ms: one pass 0.624 -> 0.561 without a gate, but 0.925 -> 1.097 with the scalar gate). Channel gate:
     launched three times, each launch taking the chunks of one way of forming the decayed sums (``paths``, from
     ``_dv_local``): ``REFS`` 1 or 4 reference rows (:func:`channel_refs`: products of scaled tiles, dg as the
-    reverse cumsum of dG) or 0 (channel by channel, :func:`_channel_far`, dg from decayed terms), the last also for
-    every chunk without a mild step (:func:`_any_mild_step`). The common one-reference case thus compiles without
-    the per-channel loops."""
+    reverse cumsum of dG) or 0 (:func:`_far_sums`: the exact block form with ``BLOCKS``, else channel by channel;
+    dg from decayed terms), the last also for every chunk without a mild step (:func:`_any_mild_step`). The common
+    one-reference case thus compiles without the element-wise loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
@@ -462,15 +501,16 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         writes = tl.sum(ktm * dktm, 1)
         carry = tl.sum(el * lastv, 0)
     elif GATE == 2:
-        if REFS == 0:  # the same per channel where the decays are strongest
-            reads = qm * dqm
-            writes = ktm * dktm
+        if REFS == 0:  # the same per channel, summed as they come: sum_{j < s} writes_j is the cumsum moved down a row
+            down = (i[None, :] == i[:, None] - 1).to(tl.float32)
+            dgm = tl.cumsum(qm * dqm, 0, reverse=True) + mm(down, tl.cumsum(ktm * dktm, 0), PREC, False) \
+                + (el * lastv)[None, :]
     dPm = tl.where(valid & (i[:, None] >= i[None, :]), dPm * scale, 0.)
     if GATE == 2:
-        if REFS == 0:
-            R, Cm, pairs = _channel_far(dPm, dPm, q, kt, G, rows, rm, hh, H, K, BK)
-            dqm += R
-            dktm += Cm
+        if REFS == 0:  # the scores' decays: dq, dkt and their pairs' part of dg
+            one = tl.full([64], 1., tl.float32)
+            dqm, dktm, dgm, _ = _far_sums(dPm, one, q, kt, G, rows, rm, hh, H, K, BK, dqm, one, dktm, dgm, PREC,
+                                          BLOCKS)
         else:
             R, Cm = _decayed_sums(dPm, dPm, qm, ktm, kt, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
             dqm += R
@@ -506,35 +546,32 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
         reads += tl.sum(km_ * dkm, 1)
     elif GATE == 2:
         if REFS == 0:
-            reads += km_ * dkm
+            dgm += tl.cumsum(km_ * dkm, 0, reverse=True)
     db += tl.sum(kg * dBK, 1)
     dT = mm(dW, tl.trans(kg * bt[:, None]), PREC, HALF) + dTu
     dA = -mm(mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
-    if GATE == 2:
-        if REFS == 0:
-            dkr, dktB, pairs_a = _channel_far(dA, dA * bt[:, None], k, kt, G, rows, rm, hh, H, K, BK)
-        else:
+    if GATE == 2 and REFS == 0:  # A's decays: dk, dkt, dbeta and their pairs' part of dg
+        dkm, dktm, dgm, rdot = _far_sums(dA, bt, k, kt, G, rows, rm, hh, H, K, BK, dkm, bt, dktm, dgm, PREC, BLOCKS)
+        db += rdot
+    else:
+        if GATE == 2:
             dkr, dktB = _decayed_sums(dA, dA * bt[:, None], km_, ktm, kt, G, rows, rm, hh, H, K, BK, REFS, PREC,
                                       HALF)
-    else:
-        if GATE == 1:
-            dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
-            pairs += _straddle(dA * bt[:, None] * kk, i)   # A's decays
-        dkr = mm(dA, ktm, PREC, HALF)
-        dktB = mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
-    dkm += bt[:, None] * dkr
-    db += tl.sum(km_ * dkr, 1)
-    dktm += dktB
+        else:
+            if GATE == 1:
+                dA = dA * _scalar_decay(G, rows, rm, hh, H, True)
+                pairs += _straddle(dA * bt[:, None] * kk, i)   # A's decays
+            dkr = mm(dA, ktm, PREC, HALF)
+            dktB = mm(tl.trans(dA * bt[:, None]), km_, PREC, HALF)
+        dkm += bt[:, None] * dkr
+        db += tl.sum(km_ * dkr, 1)
+        dktm += dktB
     if GATE == 1:
         dgt = _scalar_dg(pairs, reads, writes, carry, i)
         tl.store(dg + rows * H + hh, dgt.to(dg.dtype.element_ty), mask=rm)
     elif GATE == 2:
-        if REFS == 0:  # as _scalar_dg, channel by channel; sum_{j < s} writes_j: the cumsum moved down one row
-            down = (i[None, :] == i[:, None] - 1).to(tl.float32)
-            dgm = pairs + pairs_a + tl.cumsum(reads, 0, reverse=True) + (el * lastv)[None, :] \
-                + mm(down, tl.cumsum(writes, 0), PREC, False)
-        else:
+        if REFS > 0:
             dgm = tl.cumsum(dG + km_ * dkm - ktm * dktB, 0, reverse=True) + lastc[None, :]
         tl.store(dg + offk, dgm.to(dg.dtype.element_ty), mask=mk)
     tl.store(dk + offk, dkm.to(dk.dtype.element_ty), mask=mk)
@@ -574,6 +611,10 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # dVl = P^T dO, dVn, the chunk-end state gradients dh) are kept in the input dtype: half the bytes,
     # the same products. The CPU interpreter has no bf16 products, so there everything stays fp32.
     HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
+    # the channel gate's chunks of neither reference form: the exact block form for half inputs with K <= 128 (the
+    # builds checked on the GPU); channel by channel otherwise: for fp32 inputs the block form's products (three-pass
+    # tf32) gave an illegal shared-memory read, or wrong gradients, on an H100 with Triton 3.6 (RESULTS.md, 2026-12-06)
+    BLOCKS = q.dtype != torch.float32 and BK <= 128
     work = dict(dtype=q.dtype if HALF else torch.float32, device=dev)
     h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=work["dtype"])
     Gp = beta if G is None else G                 # never read when GATE == 0
@@ -584,7 +625,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     if GATE > 0:
         dvl = torch.empty(B, T, H, V, **work)
         _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, paths, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)),
-                          GATE, PREC, HALF, VARLEN, num_warps=4)
+                          GATE, PREC, HALF, VARLEN, BLOCKS, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
@@ -605,6 +646,6 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     BV = 32 if BK > 128 or (GATE == 2 and V >= 32) else min(64, block(V))
     for refs in (1, 4, 0) if GATE == 2 else (1,):
         _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths, table,
-                      cu, T, lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, refs, VARLEN, num_warps=DQKV_WARPS,
-                      num_stages=DQKV_STAGES if HALF and BK <= 128 and GATE < 2 else 1)
+                      cu, T, lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, refs, VARLEN, BLOCKS,
+                      num_warps=DQKV_WARPS, num_stages=DQKV_STAGES if HALF and BK <= 128 and GATE < 2 else 1)
     return dq, dk, dkt, dv, dg, dbeta, dh0

@@ -71,7 +71,8 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.const
             rows_o = _state_part(q, G, S, start, n, i_h, H, K, BK, C, GATE, OP)
             a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             for j in tl.static_range(4):
-                Pj = ref_column_scores(a, kt, G, start + r, r < n, i_h, H, K, BK, 16 * j, False, PREC, HALF)
+                Pj = ref_column_scores(a, kt, G, start + r, r < n, i_h, H, K, BK, 16 * j, 16 * j, 16 * j, False,
+                                       PREC, HALF)
                 vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
                 rows_o += mma(Pj.to(OP), vj, OP)
             store_tile(o, rows_o * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)

@@ -81,7 +81,7 @@ def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: t
         elif refs == 4:
             a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             for j in tl.static_range(4):
-                Aj = ref_column_scores(a, kt, G, rows, r < n, i_h, H, K, BK, 16 * j, True, PREC, HALF)
+                Aj = ref_column_scores(a, kt, G, rows, r < n, i_h, H, K, BK, 16 * j, 16 * j, 16 * j, True, PREC, HALF)
                 store_tile(Ainv, bt * Aj, start, n, 0, 16 * j, i_h, H, C, C, 16)
         else:
             for i in tl.static_range(4):
