@@ -2,14 +2,14 @@
 
     PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE]
 
-The channel gate's chunks whose in-chunk gate span exceeds ``REF_SPAN`` take the block-by-block forward; the
-backward forms a chunk's decayed sums from its first row (span at most ``REF_SPAN``: "one ref"), else from the first
-row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else channel by channel ("loop"), which it
-also takes where every token decays every channel by more than e^-4. On the S1 problem of
+The channel gate's forward and backward form a chunk's decayed sums from its first row (span at most ``REF_SPAN``:
+"one ref"), else from the first row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else in the
+exact block form ("blocks": below the diagonal each 16-column block against its last row, the diagonal 16 x 16 blocks
+element by element), which the backward also takes where every token decays every channel by more than e^-4. On the S1 problem of
 :func:`osdn_ops.bench.make_problem`, prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench
-gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 (loop), the gates of
-an eighth of the channels lowered by 4 (fast-forgetting channels: their 16-token blocks span more than 60, so every
-chunk takes the loop), ``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the
+gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 or by 20 (blocks),
+the gates of an eighth of the channels lowered by 4 (fast-forgetting channels: their 16-token blocks span more than
+60, so every chunk takes the blocks), ``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the
 bench gates again; with the share of chunks of each backward path, and fla's ``chunk_kda`` forward+backward kernel
 ms on the same gates (keys k for both of its keys) where fla is installed.
 """
@@ -27,7 +27,7 @@ from osdn_ops.triton.channel_refs import REF_SPAN
 
 def backward_paths(g):
     """Shares of the chunks of ``g`` [B, T, H, K] (T a multiple of CHUNK, gates <= 0) whose backward takes one
-    reference row, four, or the channel loop (``osdn_ops.triton.channel_refs.channel_refs`` and
+    reference row, four, or the exact block form (``osdn_ops.triton.channel_refs.channel_refs`` and
     ``asym_bwd._any_mild_step``)."""
     g = g.float().unflatten(1, (-1, CHUNK))                       # [B, NT, C, H, K]
     G = g.cumsum(2)
@@ -57,6 +57,7 @@ def main(path=None):
     fast[..., : fast.shape[-1] // 8] -= 4.0
     torch.manual_seed(1)
     cases = [("bench", p.g_channel), ("one token per chunk at -6", one), ("every gate - 6", p.g_channel - 6.0),
+             ("every gate - 20", p.g_channel - 20.0),
              ("an eighth of the channels - 4", fast),
              ("logsigmoid(N)", F.logsigmoid(torch.randn_like(p.g_channel))),
              ("bench again", p.g_channel)]
@@ -73,8 +74,8 @@ def main(path=None):
             torch.autograd.grad(o, leaves, do)
         times = kernel_times(fwd_bwd)
         dqkv = sum(t for k, t in times.items() if "_dqkv" in k)
-        one, four, loop = backward_paths(g)
-        line = (f"{name:27s} one ref {one:5.1%} four refs {four:5.1%} loop {loop:5.1%}  "
+        one, four, blocks = backward_paths(g)
+        line = (f"{name:29s} one ref {one:5.1%} four refs {four:5.1%} blocks {blocks:5.1%}  "
                 f"osdn total {sum(times.values()):.3f} ms  _dqkv {dqkv:.3f} ms  "
                 + "  ".join(f"{k[:20]} {t:.3f}" for k, t in list(times.items())[:6]))
         if chunk_kda is not None:
