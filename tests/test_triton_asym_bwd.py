@@ -104,7 +104,7 @@ def test_grads_strong_decay(gate):
 def test_grads_every_token_strong(gate, T, cu, decay):
     """Every token decaying by e^-20 or e^-8 (or half of them by e^-20, the rest not at all): dg is ~1e-9 against
     O(1) terms of ``q dq + k dk - kt dkt``, so it is held to 1e-4 only when formed from decayed terms
-    (``_scalar_dg``; for the channel gate ``channel_blocks.block_sums``, which takes every chunk spanning more than
+    (``_scalar_dg``; for the channel gate, fp32 here, ``_channel_far``, which takes every chunk spanning more than
     ``REF_SPAN`` (70 tokens) or whose every one-token step is below ``-STEP_SPAN`` (2 and 7 tokens))."""
     x = _problem(gate, T, B=1, K=24, V=20, cu_seqlens=cu, seed=T)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(T + 1))
@@ -128,7 +128,7 @@ def test_grads_channel_exact_blocks_half(pattern):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_grads_mild_and_strong_chunks(gate):
     """A mild chunk (in-chunk gate span about 3) between strong ones (about 600) in one call: the
-    channel gate finishes the mild chunk with one reference row and the strong ones in the exact block form."""
+    channel gate (fp32 here) finishes the mild chunk with one reference row and the strong ones channel by channel."""
     x = _problem(gate, 192, B=1, seed=4)
     strong = _strong_decay(_problem(gate, 192, B=1, seed=4), gate)["g"].detach()
     g = torch.cat([strong[:, :64], x["g"].detach()[:, 64:128] / 16, strong[:, 128:]], 1)
@@ -140,7 +140,8 @@ def test_grads_mild_and_strong_chunks(gate):
 def test_grads_channel_references(dtype, tol):
     """The channel gate's three ways of forming a chunk's decayed sums, forward and backward, in one call: a chunk
     spanning more than ``REF_SPAN`` whose 16-token blocks each span less (four reference rows), a mild chunk (one),
-    a chunk whose blocks span more (the exact block form, ``channel_blocks``) and a 6-token tail."""
+    a chunk whose blocks span more (bf16: the exact block form, ``channel_blocks``; fp32: channel by channel) and a
+    6-token tail."""
     T = 3 * 64 + 6
     x = _problem("channel", T, dtype=dtype, B=1, seed=21)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(22))

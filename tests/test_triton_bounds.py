@@ -38,8 +38,9 @@ def test_asym_kernels_stay_in_bounds(gate, case):
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_channel_exact_blocks_stay_in_bounds(case):
-    """The channel gate's exact block form (every chunk: each token decays every channel by e^-8), whose diagonal
-    blocks read rows of G and kt per column, on partial chunks and packed sequences."""
+    """Every chunk of neither reference form (each token decays every channel by e^-8): the exact block form, whose
+    diagonal blocks read rows of G and kt per column (bf16 case), and the channel-by-channel sums (fp32 case), on
+    partial chunks and packed sequences."""
     from osdn_ops import triton as ot
 
     from .memcheck import bounds_checked
