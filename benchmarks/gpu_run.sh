@@ -59,6 +59,7 @@ if [ "$mode" != bench ]; then
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
   group backward_fp16 -k "gpu and fp16" tests/test_triton_asym_bwd.py
+  group backward_channel_paths -k "gpu_channel_paths" tests/test_triton_asym_bwd.py
   group backward_narrow -k "gpu and narrow" tests/test_triton_asym_bwd.py
   group backward_launch_settings -k "gpu and launch_settings" tests/test_triton_asym_bwd.py
   group api -k gpu tests/test_api.py
