@@ -5,10 +5,11 @@
 GATE: none, scalar, channel (default all three); D: bfloat16 (default), float16, float32.
 Each case (each dtype, B 1, T 200, H 2, an initial state; K, V and packing below) runs the Triton op forward and
 backward, under its usual gates and (gated ops) under gates ``-20 u^2`` (every chunk of the channel gate's
-backward in the exact block form), and prints whether every output and gradient is finite. With two sequence-heads every grid leaves SMs
-idle, so the chunk recurrences take the narrowest V blocks they allow for the input (``fill_block_v``; narrowed
-only where K and V are multiples of 16). An out-of-bounds access shows in the sanitizer's report, not here.
-Without a GPU it runs on the CPU (Triton interpreter, ``TRITON_INTERPRET=1``), where the grids are not narrowed.
+backward in the exact block form), and prints whether every output and gradient is finite. With two
+sequence-heads every grid leaves SMs idle, so the chunk recurrences take the narrowest V blocks they allow for
+the input (``fill_block_v``; narrowed only where K and V are multiples of 16). An out-of-bounds access shows in the
+sanitizer's report, not here. Without a GPU it runs on the CPU (Triton interpreter, ``TRITON_INTERPRET=1``), where
+the grids are not narrowed.
 """
 import argparse
 
@@ -30,7 +31,8 @@ def run(gate: str, K: int, V: int, cu, dtype: torch.dtype, seed: int, strong: bo
     x = asym_problem(gate, B=1, T=T, H=2, K=K, V=V, dtype=dtype, cu_seqlens=cu, requires_grad=True,
                      seed=seed, device=DEV)
     if strong:
-        x["g"] = (-20 * torch.rand_like(x["g"]) ** 2).requires_grad_()
+        u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(seed), dtype=x["g"].dtype)
+        x["g"] = (-20 * u ** 2).to(DEV).requires_grad_()
     o, final = asym_call(OPS[gate], gate, x)
     torch.autograd.backward((o, final), (torch.randn_like(o), torch.randn_like(final)))
     named = {"o": o, "final_state": final, **{f"d{n}": t.grad for n, t in x.items()

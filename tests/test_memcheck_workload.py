@@ -1,6 +1,6 @@
 """The compute-sanitizer workload ``benchmarks/memcheck_asym.py`` runs (here on a tiny case, through the
-interpreter on the CPU) and reports finite outputs and gradients for every gate and dtype it is given (the gated ones also under strong
-gates)."""
+interpreter on the CPU) and reports finite outputs and gradients for every gate and dtype it is given (the gated
+ones also under strong gates)."""
 import pytest
 
 from benchmarks import memcheck_asym
