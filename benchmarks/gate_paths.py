@@ -1,6 +1,6 @@
 """KDA forward+backward time per kernel under gate patterns that choose its forward's and backward's paths, on a GPU.
 
-    PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE]
+    PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE] [DTYPE]      # DTYPE: bfloat16 (default), float32, ...
 
 The channel gate's forward and backward form a chunk's decayed sums from its first row (span at most ``REF_SPAN``:
 "one ref"), else from the first row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else in the
@@ -39,7 +39,7 @@ def backward_paths(g):
     return one.float().mean().item(), four.float().mean().item(), 1 - (one | four).float().mean().item()
 
 
-def main(path=None):
+def main(path=None, dtype="bfloat16"):
     out = open(path, "w") if path else None
 
     def log(s):
@@ -48,8 +48,8 @@ def main(path=None):
             out.write(s + "\n")
             out.flush()
 
-    log(f"{torch.cuda.get_device_name()}  torch {torch.__version__}")
-    p = make_problem("S1", GPU_SHAPES["S1"], torch.device("cuda"))
+    log(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  inputs {dtype}")
+    p = make_problem("S1", GPU_SHAPES["S1"], torch.device("cuda"), dtype=getattr(torch, dtype))
     kt = osdn_ops.precond_scan(p.k, p.beta, **p.hp)[0]
     one = p.g_channel.clone()
     one[:, ::CHUNK] = -6.0
@@ -92,4 +92,4 @@ def main(path=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])

@@ -125,6 +125,18 @@ def test_grads_channel_exact_blocks_half(pattern):
     _check("channel", x, tol=2e-2, forward=True)
 
 
+@pytest.mark.parametrize("pattern", ["strong decay", "0 or -20"])
+def test_grads_channel_wide_keys_strong(pattern):
+    """Half inputs with K above 128 sum the chunks that no reference row serves channel by channel (the exact block
+    form runs for K <= 128 only): bf16, K 136 (256-wide tiles), a chunk and a 9-token tail, every gradient within
+    2e-2."""
+    x = _problem("channel", 73, dtype=torch.bfloat16, B=1, K=136, V=24, seed=41)
+    u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(42))
+    g = -20 * u ** 2 if pattern == "strong decay" else torch.where(u < 0.5, 0.0, -20.0)
+    x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
+    _check("channel", x, tol=2e-2, forward=True)
+
+
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_grads_mild_and_strong_chunks(gate):
     """A mild chunk (in-chunk gate span about 3) between strong ones (about 600) in one call: the
@@ -273,9 +285,11 @@ def test_gpu_varlen(gate):
 
 @cuda
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_strong_decay(gate, dtype):
-    x = _strong_decay(_gpu(gate, 2, 700, 2, 64, 64, dtype=dtype, seed=6), gate)
+@pytest.mark.parametrize("dtype, K", [(torch.float32, 64), (torch.bfloat16, 64), (torch.bfloat16, 256)])
+def test_gpu_strong_decay(gate, dtype, K):
+    """Gates down to -20 a token: the channel gate's chunks take the exact block form (K 64, bf16) or the
+    channel-by-channel sums (fp32; K 256)."""
+    x = _strong_decay(_gpu(gate, 2, 700, 2, K, 64, dtype=dtype, seed=6), gate)
     _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
 
 
