@@ -16,7 +16,7 @@ import argparse
 import torch
 
 import osdn_ops.triton as ot
-from tests.inputs import asym_call, asym_problem
+from tests.inputs import asym_call, asym_problem, strong_decay
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 T = 200
@@ -31,8 +31,7 @@ def run(gate: str, K: int, V: int, cu, dtype: torch.dtype, seed: int, strong: bo
     x = asym_problem(gate, B=1, T=T, H=2, K=K, V=V, dtype=dtype, cu_seqlens=cu, requires_grad=True,
                      seed=seed, device=DEV)
     if strong:
-        u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(seed), dtype=x["g"].dtype)
-        x["g"] = (-20 * u ** 2).to(DEV).requires_grad_()
+        strong_decay(x, gate, seed)
     o, final = asym_call(OPS[gate], gate, x)
     torch.autograd.backward((o, final), (torch.randn_like(o), torch.randn_like(final)))
     named = {"o": o, "final_state": final, **{f"d{n}": t.grad for n, t in x.items()

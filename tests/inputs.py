@@ -32,6 +32,16 @@ def asym_problem(gate, B=2, T=37, H=2, K=8, V=6, *, dtype=torch.float64, cu_seql
     return out
 
 
+def strong_decay(x, gate, seed=0):
+    """Replace the gates of an :func:`asym_problem` (none for gate "none") by fresh leaves ``-20 u^2``, u uniform in
+    [0, 1): g spanning (-20, 0] per token, in-chunk cumulative gates near -600."""
+    if gate != "none":
+        gen = torch.Generator().manual_seed(seed)
+        g = -20 * torch.rand(x["g"].shape, generator=gen) ** 2
+        x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
+    return x
+
+
 def precond_problem(B=2, T=37, H=2, K=8, *, dtype=torch.float64, cu_seqlens=None, d0=True, retention=True,
                     requires_grad=False, seed=0, device="cpu"):
     """Inputs of precond_scan as a dict: k, beta, d0, retention, cu_seqlens."""

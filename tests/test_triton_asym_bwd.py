@@ -19,7 +19,7 @@ from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 from osdn_ops.triton.channel_refs import REF_SPAN
 
-from .inputs import asym_problem, rel_rms
+from .inputs import asym_problem, rel_rms, strong_decay
 
 NAMES = ["q", "k", "k_tilde", "v", "g", "beta", "initial_state"]
 OPS = {"none": ot.chunk_delta_asym, "scalar": ot.chunk_gated_delta_asym, "channel": ot.chunk_kda_asym}
@@ -65,15 +65,6 @@ def _problem(gate, T, dtype=torch.float32, B=2, H=2, K=16, V=16, device=DEV, **k
     return asym_problem(gate, B=B, T=T, H=H, K=K, V=V, dtype=dtype, requires_grad=True, device=device, **kw)
 
 
-def _strong_decay(x, gate, seed=0):
-    """g spanning (-20, 0] per token: in-chunk cumulative gates reach about -600."""
-    if gate != "none":
-        gen = torch.Generator().manual_seed(seed)
-        g = -20 * torch.rand(x["g"].shape, generator=gen) ** 2
-        x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
-    return x
-
-
 # ---------------------------------------------------------------- tiny shapes (interpreter or GPU)
 
 @pytest.mark.parametrize("gate", GATES)
@@ -94,7 +85,7 @@ def test_grads_varlen_empty_and_single(gate):
 
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_grads_strong_decay(gate):
-    x = _strong_decay(_problem(gate, 50, B=2, seed=3), gate)
+    x = strong_decay(_problem(gate, 50, B=2, seed=3), gate)
     _check(gate, x)
 
 
@@ -113,26 +104,18 @@ def test_grads_every_token_strong(gate, T, cu, decay):
     _check(gate, x)
 
 
-@pytest.mark.parametrize("pattern", ["every token -8", "0 or -20", "strong decay", "an eighth of the channels -4"])
-def test_grads_channel_exact_blocks_half(pattern):
-    """Half inputs take the exact block form (``channel_blocks``) where no reference row serves a chunk or no token
-    decays mildly (fp32 inputs sum those chunks channel by channel): bf16 keys, every gradient within 2e-2."""
-    x = _problem("channel", 150, dtype=torch.bfloat16, B=1, K=40, V=24, seed=31)
+@pytest.mark.parametrize("K, pattern", [(40, "every token -8"), (40, "0 or -20"), (40, "strong decay"),
+                                        (40, "an eighth of the channels -4"), (136, "0 or -20"), (136, "strong decay")])
+def test_grads_channel_exact_blocks_half(K, pattern):
+    """Half inputs where no reference row serves a chunk or no token decays mildly: the exact block form
+    (``channel_blocks``) at K 40, the channel-by-channel sums at K 136 (256-wide tiles; the block form runs for
+    K <= 128 only; fp32 inputs sum such chunks channel by channel too): bf16 keys, a 22-token tail, every gradient
+    within 2e-2."""
+    x = _problem("channel", 150, dtype=torch.bfloat16, B=1, K=K, V=24, seed=31)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(32))
     g = {"every token -8": torch.full_like(u, -8.0), "0 or -20": torch.where(u < 0.5, 0.0, -20.0),
-         "strong decay": -20 * u ** 2, "an eighth of the channels -4": -u / 16 - 4.0 * (torch.arange(40) < 5)}[pattern]
-    x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
-    _check("channel", x, tol=2e-2, forward=True)
-
-
-@pytest.mark.parametrize("pattern", ["strong decay", "0 or -20"])
-def test_grads_channel_wide_keys_strong(pattern):
-    """Half inputs with K above 128 sum the chunks that no reference row serves channel by channel (the exact block
-    form runs for K <= 128 only): bf16, K 136 (256-wide tiles), a chunk and a 9-token tail, every gradient within
-    2e-2."""
-    x = _problem("channel", 73, dtype=torch.bfloat16, B=1, K=136, V=24, seed=41)
-    u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(42))
-    g = -20 * u ** 2 if pattern == "strong decay" else torch.where(u < 0.5, 0.0, -20.0)
+         "strong decay": -20 * u ** 2,
+         "an eighth of the channels -4": -u / 16 - 4.0 * (torch.arange(K) < K // 8)}[pattern]
     x["g"] = g.to(x["g"].device, x["g"].dtype).requires_grad_()
     _check("channel", x, tol=2e-2, forward=True)
 
@@ -142,7 +125,7 @@ def test_grads_mild_and_strong_chunks(gate):
     """A mild chunk (in-chunk gate span about 3) between strong ones (about 600) in one call: the
     channel gate (fp32 here) finishes the mild chunk with one reference row and the strong ones channel by channel."""
     x = _problem(gate, 192, B=1, seed=4)
-    strong = _strong_decay(_problem(gate, 192, B=1, seed=4), gate)["g"].detach()
+    strong = strong_decay(_problem(gate, 192, B=1, seed=4), gate)["g"].detach()
     g = torch.cat([strong[:, :64], x["g"].detach()[:, 64:128] / 16, strong[:, 128:]], 1)
     x["g"] = g.requires_grad_()
     _check(gate, x)
@@ -289,7 +272,7 @@ def test_gpu_varlen(gate):
 def test_gpu_strong_decay(gate, dtype, K):
     """Gates down to -20 a token: the channel gate's chunks take the exact block form (K 64, bf16) or the
     channel-by-channel sums (fp32; K 256)."""
-    x = _strong_decay(_gpu(gate, 2, 700, 2, K, 64, dtype=dtype, seed=6), gate)
+    x = strong_decay(_gpu(gate, 2, 700, 2, K, 64, dtype=dtype, seed=6), gate)
     _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
 
 
