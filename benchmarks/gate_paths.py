@@ -3,15 +3,15 @@
     PYTHONPATH=. python benchmarks/gate_paths.py [OUT_FILE] [DTYPE]      # DTYPE: bfloat16 (default), float32, ...
 
 The channel gate's forward and backward form a chunk's decayed sums from its first row (span at most ``REF_SPAN``:
-"one ref"), else from the first row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else in the
-exact block form ("blocks": below the diagonal each 16-column block against its last row, the diagonal 16 x 16 blocks
-element by element), which the backward also takes where every token decays every channel by more than e^-4. On the S1 problem of
-:func:`osdn_ops.bench.make_problem`, prints the profiler's kernel ms per call (total and ``_dqkv``) for: the bench
-gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 or by 20 (blocks),
-the gates of an eighth of the channels lowered by 4 (fast-forgetting channels: their 16-token blocks span more than
-60, so every chunk takes the blocks), ``logsigmoid(N)`` without the bench's /16 (most chunks span more than ``REF_SPAN``), the
-bench gates again; with the share of chunks of each backward path, and fla's ``chunk_kda`` forward+backward kernel
-ms on the same gates (keys k for both of its keys) where fla is installed.
+"one ref"), else from the first row of each 16-token block (each block within ``REF_SPAN``: "four refs"), else in
+the exact block form ("blocks": one product for each of six levels of a binary hierarchy of row groups, against the
+groups' middle rows), which the backward also takes where every token decays every channel by more than e^-4. On the
+S1 problem of :func:`osdn_ops.bench.make_problem`, prints the profiler's kernel ms per call (total and ``_dqkv``)
+for: the bench gates, the bench gates with one token per chunk at -6 in every channel, every gate lowered by 6 or by
+20 (blocks), the gates of an eighth of the channels lowered by 4 (fast-forgetting channels: their 16-token blocks
+span more than 60, so every chunk takes the blocks), ``logsigmoid(N)`` without the bench's /16 (most chunks span
+more than ``REF_SPAN``), the bench gates again; with the share of chunks of each backward path, and fla's
+``chunk_kda`` forward+backward kernel ms on the same gates (keys k for both of its keys) where fla is installed.
 """
 import sys
 

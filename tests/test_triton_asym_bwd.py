@@ -95,8 +95,9 @@ def test_grads_strong_decay(gate):
 def test_grads_every_token_strong(gate, T, cu, decay):
     """Every token decaying by e^-20 or e^-8 (or half of them by e^-20, the rest not at all): dg is ~1e-9 against
     O(1) terms of ``q dq + k dk - kt dkt``, so it is held to 1e-4 only when formed from decayed terms
-    (``_scalar_dg``; for the channel gate, fp32 here, ``_channel_far``, which takes every chunk spanning more than
-    ``REF_SPAN`` (70 tokens) or whose every one-token step is below ``-STEP_SPAN`` (2 and 7 tokens))."""
+    (``_scalar_dg``; for the channel gate, fp32 here, the exact block form, ``channel_blocks``, which takes every
+    chunk spanning more than ``REF_SPAN`` (70 tokens) or whose every one-token step is below ``-STEP_SPAN`` (2 and 7
+    tokens))."""
     x = _problem(gate, T, B=1, K=24, V=20, cu_seqlens=cu, seed=T)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(T + 1))
     g = torch.where(u < 0.5, 0.0, -20.0) if decay == "0 or -20" else torch.full_like(u, decay)
@@ -107,10 +108,9 @@ def test_grads_every_token_strong(gate, T, cu, decay):
 @pytest.mark.parametrize("K, pattern", [(40, "every token -8"), (40, "0 or -20"), (40, "strong decay"),
                                         (40, "an eighth of the channels -4"), (136, "0 or -20"), (136, "strong decay")])
 def test_grads_channel_exact_blocks_half(K, pattern):
-    """Half inputs where no reference row serves a chunk or no token decays mildly: the exact block form
-    (``channel_blocks``) at K 40, the channel-by-channel sums at K 136 (256-wide tiles; the block form runs for
-    K <= 128 only; fp32 inputs sum such chunks channel by channel too): bf16 keys, a 22-token tail, every gradient
-    within 2e-2."""
+    """The exact block form (``channel_blocks``) where no reference row serves a chunk or no token decays mildly,
+    with half inputs: bf16 keys, K 40 and K 136 (256-wide tiles, eight groups of 32 channels), a 22-token tail,
+    every gradient within 2e-2."""
     x = _problem("channel", 150, dtype=torch.bfloat16, B=1, K=K, V=24, seed=31)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(32))
     g = {"every token -8": torch.full_like(u, -8.0), "0 or -20": torch.where(u < 0.5, 0.0, -20.0),
@@ -123,7 +123,8 @@ def test_grads_channel_exact_blocks_half(K, pattern):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 def test_grads_mild_and_strong_chunks(gate):
     """A mild chunk (in-chunk gate span about 3) between strong ones (about 600) in one call: the
-    channel gate (fp32 here) finishes the mild chunk with one reference row and the strong ones channel by channel."""
+    channel gate (fp32 here) finishes the mild chunk with one reference row and the strong ones in the exact block
+    form."""
     x = _problem(gate, 192, B=1, seed=4)
     strong = strong_decay(_problem(gate, 192, B=1, seed=4), gate)["g"].detach()
     g = torch.cat([strong[:, :64], x["g"].detach()[:, 64:128] / 16, strong[:, 128:]], 1)
@@ -135,8 +136,7 @@ def test_grads_mild_and_strong_chunks(gate):
 def test_grads_channel_references(dtype, tol):
     """The channel gate's three ways of forming a chunk's decayed sums, forward and backward, in one call: a chunk
     spanning more than ``REF_SPAN`` whose 16-token blocks each span less (four reference rows), a mild chunk (one),
-    a chunk whose blocks span more (bf16: the exact block form, ``channel_blocks``; fp32: channel by channel) and a
-    6-token tail."""
+    a chunk whose blocks span more (the exact block form, ``channel_blocks``) and a 6-token tail."""
     T = 3 * 64 + 6
     x = _problem("channel", T, dtype=dtype, B=1, seed=21)
     u = torch.rand(x["g"].shape, generator=torch.Generator().manual_seed(22))
@@ -270,8 +270,8 @@ def test_gpu_varlen(gate):
 @pytest.mark.parametrize("gate", ["scalar", "channel"])
 @pytest.mark.parametrize("dtype, K", [(torch.float32, 64), (torch.bfloat16, 64), (torch.bfloat16, 256)])
 def test_gpu_strong_decay(gate, dtype, K):
-    """Gates down to -20 a token: the channel gate's chunks take the exact block form (K 64, bf16) or the
-    channel-by-channel sums (fp32; K 256)."""
+    """Gates down to -20 a token: the channel gate's chunks take the exact block form (fp32 products exact; K 256:
+    eight groups of 32 channels)."""
     x = strong_decay(_gpu(gate, 2, 700, 2, K, 64, dtype=dtype, seed=6), gate)
     _check(gate, x, fn=asym_chunked, tol=_tol(dtype))
 

@@ -39,8 +39,8 @@ def test_asym_kernels_stay_in_bounds(gate, case):
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_channel_exact_blocks_stay_in_bounds(case):
     """Every chunk of neither reference form (each token decays every channel by e^-8): the exact block form, whose
-    diagonal blocks read rows of G and kt per column (bf16 case), and the channel-by-channel sums (fp32 case), on
-    partial chunks and packed sequences."""
+    levels read the rows of G at their groups' reference rows, on partial chunks and packed sequences (bf16 and fp32
+    cases)."""
     from osdn_ops import triton as ot
 
     from .memcheck import bounds_checked

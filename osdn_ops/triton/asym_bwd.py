@@ -37,9 +37,9 @@ The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_S
 block when each 16-row block is within REF_SPAN of its first row ``r`` (``E = e^{G_t - G_r} e^{G_r - G_j}`` for the
 columns ``j`` of that block, ``t >= j``: the first factor at most 1, the second at most ``e^REF_SPAN``);
 ``_dqkv`` is launched once for each, and once more for the remaining chunks and those whose every one-token step is
-below -STEP_SPAN, which it forms in the exact block form for half inputs with K <= 128 (:mod:`channel_blocks`:
-below the diagonal each column block against its last row, where both factors are at most 1; the diagonal 16 x 16
-blocks element by element), else channel by channel (exact, slower, no extra buffers).
+below -STEP_SPAN, which it forms in the exact block form (:mod:`channel_blocks`: the pairs in six levels of a
+binary hierarchy of row groups, each level one product against the groups' middle rows, where both factors are at
+most 1; exact for any decay).
 No atomics: every reduction runs inside one program in a fixed order. fp64 inputs, K or V above 256, and
 fp32 inputs with K above 128 (whose fp32 product tiles exceed shared memory) run the reference.
 """
@@ -198,12 +198,11 @@ def _v_block(v0, rows, rm, hh, H, V, BV: tl.constexpr):
 
 @triton.jit
 def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr,
-              GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr,
-              BLOCKS: tl.constexpr):
+              GATE: tl.constexpr, PREC: tl.constexpr, HALF: tl.constexpr, VARLEN: tl.constexpr):
     """With a gate: dvl [T,H,V] = P^T dO per chunk (the state-free part of dVn; products as :func:`mm`). Without
     one, ``_dh`` forms it. Channel gate: also ``paths`` [chunks, H] int32, how ``_dqkv`` forms the chunk's decayed
     sums (1 or 4 reference rows, :func:`channel_refs`; 0 neither, also where no step is mild,
-    :func:`_any_mild_step`: the exact block form with ``BLOCKS``, else channel by channel), so that its launches
+    :func:`_any_mild_step`: the exact block form, :mod:`channel_blocks`), so that its launches
     read one number instead of the chunk's gates."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
@@ -223,15 +222,12 @@ def _dv_local(q, kt, G, do, dvl, paths, table, cu, T, NT, scale, H, K, V, BK: tl
         qm = tl.load(q + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
                      other=0.).to(tl.float32)
         if refs == 0:
-            if BLOCKS:
-                P = block_scores(qm, kt, G, rows, rm, hh, H, K, BK, PREC, HALF)
-            else:
-                P = _channel_scores(q, kt, G, rows, rm, hh, H, K)
+            P = block_scores(q, kt, G, rows, rm, hh, H, K, BK, PREC, HALF)
         else:  # four references: P's 16-column blocks, each against its reference row
-            P = stack_columns(ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 0, 0, 0, False, PREC, HALF),
-                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16, 16, 16, False, PREC, HALF),
-                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 32, 32, 32, False, PREC, HALF),
-                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 48, 48, 48, False, PREC, HALF))
+            P = stack_columns(ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 0, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 16, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 32, False, PREC, HALF),
+                              ref_column_scores(qm, kt, G, rows, rm, hh, H, K, BK, 48, False, PREC, HALF))
     P = tl.where(rm[:, None] & rm[None, :], P * scale, 0.)
     for v0 in range(0, V, BV):
         _, _, m, off = _v_block(v0, rows, rm, hh, H, V, BV)
@@ -335,70 +331,6 @@ def _gate_rows(G, rows, rm, hh, H, K, start, L, offk, mk, BK: tl.constexpr, GATE
 
 
 @triton.jit
-def _channel_far(Xr, Xc, a, b, G, rows, rm, hh, H, K, BK: tl.constexpr):
-    """Channel gate, fp32 inputs, a chunk of neither reference form (:func:`channel_refs` 0, or no mild step):
-    ``(R, C, S)`` [64, BK] fp32 with
-    ``R[t,c] = sum_j Xr[t,j] b[j,c] E[t,j,c]``, ``C[j,c] = sum_t Xc[t,j] a[t,c] E[t,j,c]`` and
-    ``S[s,c] = sum_{t >= s, j < s} Xc[t,j] a[t,c] b[j,c] E[t,j,c]`` (the decays' part of ``dg``, :func:`_straddle`),
-    ``E[t,j,c] = exp(G_tc - G_jc)`` on valid ``t >= j``, channel by channel (exact for any decay)."""
-    i = tl.arange(0, 64)
-    ak = tl.arange(0, BK)
-    low = (i[:, None] >= i[None, :]) & rm[:, None] & rm[None, :]
-    R = tl.zeros([64, BK], tl.float32)
-    Cm = tl.zeros([64, BK], tl.float32)
-    S = tl.zeros([64, BK], tl.float32)
-    for ch in range(K):
-        off = (rows * H + hh) * K + ch
-        ac = tl.load(a + off, mask=rm, other=0.).to(tl.float32)
-        bc = tl.load(b + off, mask=rm, other=0.).to(tl.float32)
-        gc = tl.load(G + off, mask=rm, other=0.).to(tl.float32)
-        E = tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
-        sel = ak[None, :] == ch
-        R = tl.where(sel, tl.sum(Xr * E * bc[None, :], 1)[:, None], R)
-        XcE = Xc * E * ac[:, None]
-        Cm = tl.where(sel, tl.sum(XcE, 0)[:, None], Cm)
-        S = tl.where(sel, _straddle(XcE * bc[None, :], i)[:, None], S)
-    return R, Cm, S
-
-
-@triton.jit
-def _channel_scores(a, b, G, rows, rm, hh, H, K):
-    """Channel gate, fp32 inputs, a chunk of neither reference form: ``[64, 64]`` ``s[t,j] = sum_c a_tc b_jc
-    E[t,j,c]`` on valid ``t >= j`` (else 0), channel by channel (``a``, ``b``: ``[.., H, K]`` tensors)."""
-    i = tl.arange(0, 64)
-    low = (i[:, None] >= i[None, :]) & rm[:, None]
-    s = tl.zeros([64, 64], tl.float32)
-    for ch in range(K):
-        offc = (rows * H + hh) * K + ch
-        ac = tl.load(a + offc, mask=rm, other=0.).to(tl.float32)
-        bc = tl.load(b + offc, mask=rm, other=0.).to(tl.float32)
-        gc = tl.load(G + offc, mask=rm, other=0.).to(tl.float32)
-        s += ac[:, None] * bc[None, :] * tl.exp(tl.where(low, gc[:, None] - gc[None, :], float("-inf")))
-    return s
-
-
-@triton.jit
-def _far_sums(X, rs, a_ptr, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, accR, scR, accC, accS,
-              PREC: tl.constexpr, BLOCKS: tl.constexpr):
-    """Channel gate, a chunk of neither reference form (or without a mild step): the decayed sums and their part
-    of dg added to the accumulators as :func:`channel_blocks.block_sums` does, in the exact block form (``BLOCKS``:
-    half inputs) or channel by channel (fp32 inputs: their block form's products were miscompiled, below)."""
-    if BLOCKS:
-        accR, accC, accS, rdot = block_sums(X, rs, a_ptr, b_ptr, G, rows, rm, hh, H, K, BK, accR, scR, accC, accS,
-                                            PREC)
-    else:
-        R, C, S = _channel_far(X, X * rs[:, None], a_ptr, b_ptr, G, rows, rm, hh, H, K, BK)
-        ak = tl.arange(0, BK)
-        a = tl.load(a_ptr + (rows[:, None] * H + hh) * K + ak[None, :], mask=rm[:, None] & (ak < K)[None, :],
-                    other=0.).to(tl.float32)
-        accR += scR[:, None] * R
-        accC += C
-        accS += S
-        rdot = tl.sum(a * R, 1)
-    return accR, accC, accS, rdot
-
-
-@triton.jit
 def _wy_start(Ainv, beta, offa, valid, rows, rm, hh, H, BK: tl.constexpr):
     """The chunk's WY inverse T [64, 64] and beta [64] (fp32), and zeroed sums of ``_wy_v_block``'s terms."""
     Ti = tl.load(Ainv + offa, mask=valid, other=0.).to(tl.float32)
@@ -442,16 +374,16 @@ def _scalar_dg(paired, reads, writes, carry, i):
 @triton.jit
 def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths,
           table, cu, T, NT, scale, H, K, V, BK: tl.constexpr, BV: tl.constexpr, GATE: tl.constexpr,
-          PREC: tl.constexpr, HALF: tl.constexpr, REFS: tl.constexpr, VARLEN: tl.constexpr, BLOCKS: tl.constexpr):
+          PREC: tl.constexpr, HALF: tl.constexpr, REFS: tl.constexpr, VARLEN: tl.constexpr):
     """Step 2 per chunk: final dq, dk, dkt, dv, dbeta (, dg) from (1) the state and score terms (dq final, dkt's
     first part) and (2) the WY terms (dv, dk, the rest of dkt, dbeta, dg). Without a gate one pass over V blocks
     forms both (the state tile read once); with one, two passes keep fewer ``[64, K]`` tiles alive (on the H200,
     S1 ms: one pass 0.624 -> 0.561 without a gate, but 0.925 -> 1.097 with the scalar gate). Channel gate:
     launched three times, each launch taking the chunks of one way of forming the decayed sums (``paths``, from
     ``_dv_local``): ``REFS`` 1 or 4 reference rows (:func:`channel_refs`: products of scaled tiles, dg as the
-    reverse cumsum of dG) or 0 (:func:`_far_sums`: the exact block form with ``BLOCKS``, else channel by channel;
-    dg from decayed terms), the last also for every chunk without a mild step (:func:`_any_mild_step`). The common
-    one-reference case thus compiles without the element-wise loops."""
+    reverse cumsum of dG) or 0 (:func:`channel_blocks.block_sums`: the exact block form, dg from decayed terms), the
+    last also for every chunk without a mild step (:func:`_any_mild_step`). The common one-reference case thus
+    compiles without the block form's loops."""
     c, hh = tl.program_id(0), tl.program_id(1)
     start, L, i, rm, rows = _chunk_rows(c, table, cu, T, NT, VARLEN)
     if L <= 0:
@@ -509,8 +441,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     if GATE == 2:
         if REFS == 0:  # the scores' decays: dq, dkt and their pairs' part of dg
             one = tl.full([64], 1., tl.float32)
-            dqm, dktm, dgm, _ = _far_sums(dPm, one, q, kt, G, rows, rm, hh, H, K, BK, dqm, one, dktm, dgm, PREC,
-                                          BLOCKS)
+            dqm, dktm, dgm, _ = block_sums(dPm, one, q, kt, G, rows, rm, hh, H, K, BK, dqm, one, dktm, dgm, PREC)
         else:
             R, Cm = _decayed_sums(dPm, dPm, qm, ktm, kt, G, rows, rm, hh, H, K, BK, REFS, PREC, HALF)
             dqm += R
@@ -552,7 +483,7 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     dA = -mm(mm(tl.trans(Ti), dT, PREC, HALF), tl.trans(Ti), PREC, HALF)
     dA = tl.where(valid & (i[:, None] > i[None, :]), dA, 0.)
     if GATE == 2 and REFS == 0:  # A's decays: dk, dkt, dbeta and their pairs' part of dg
-        dkm, dktm, dgm, rdot = _far_sums(dA, bt, k, kt, G, rows, rm, hh, H, K, BK, dkm, bt, dktm, dgm, PREC, BLOCKS)
+        dkm, dktm, dgm, rdot = block_sums(dA, bt, k, kt, G, rows, rm, hh, H, K, BK, dkm, bt, dktm, dgm, PREC)
         db += rdot
     else:
         if GATE == 2:
@@ -611,10 +542,6 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # dVl = P^T dO, dVn, the chunk-end state gradients dh) are kept in the input dtype: half the bytes,
     # the same products. The CPU interpreter has no bf16 products, so there everything stays fp32.
     HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
-    # the channel gate's chunks of neither reference form: the exact block form for half inputs with K <= 128 (the
-    # builds checked on the GPU); channel by channel otherwise: for fp32 inputs the block form's products (three-pass
-    # tf32) gave an illegal shared-memory read, or wrong gradients, on an H100 with Triton 3.6 (RESULTS.md, 2026-12-06)
-    BLOCKS = q.dtype != torch.float32 and BK <= 128
     work = dict(dtype=q.dtype if HALF else torch.float32, device=dev)
     h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=work["dtype"])
     Gp = beta if G is None else G                 # never read when GATE == 0
@@ -625,7 +552,7 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     if GATE > 0:
         dvl = torch.empty(B, T, H, V, **work)
         _dv_local[(M, H)](q, k_tilde, Gp, do, dvl, paths, table, cu, T, lay.NT, scale, H, K, V, BK, min(64, block(V)),
-                          GATE, PREC, HALF, VARLEN, BLOCKS, num_warps=4)
+                          GATE, PREC, HALF, VARLEN, num_warps=4)
     dh = torch.empty(M, H, K, V, **work)
     dvn = torch.empty(B, T, H, V, **work)
     dh0 = torch.empty(ref.state_shape(gate, N, H, K, V), **f32)
@@ -646,6 +573,6 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     BV = 32 if BK > 128 or (GATE == 2 and V >= 32) else min(64, block(V))
     for refs in (1, 4, 0) if GATE == 2 else (1,):
         _dqkv[(M, H)](q, k, k_tilde, v, beta, Gp, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta, dg, paths, table,
-                      cu, T, lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, refs, VARLEN, BLOCKS,
+                      cu, T, lay.NT, scale, H, K, V, BK, BV, GATE, PREC, HALF, refs, VARLEN,
                       num_warps=DQKV_WARPS, num_stages=DQKV_STAGES if HALF and BK <= 128 and GATE < 2 else 1)
     return dq, dk, dkt, dv, dg, dbeta, dh0

@@ -213,65 +213,25 @@ def load_vec(ptr, start, n, r0, i_h, H, BR: tl.constexpr):
 
 
 @triton.jit
-def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, r0, c0, H, K: tl.constexpr,
-                   BK: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr, DIAG: tl.constexpr,
-                   STRICT: tl.constexpr, OP: tl.constexpr):
-    """``[BC, BC]`` fp32 block ``X[t, j] = sum_c a[t,c] b[j,c] exp(G[t,c] - G[j,c])``.
-
-    Rows ``t`` in ``r0..r0+BC``, columns ``j`` in ``c0..c0+BC`` (chunk-relative). ``DIAG``: the
-    block straddles the diagonal and keeps ``t > j`` (STRICT) or ``t >= j``; otherwise every
-    row is after every column. Entries outside the chunk are zero. Only differences of G are
-    exponentiated, always with a non-positive exponent: the scalar gate multiplies the
-    masked difference matrix; the channel gate scales rows and columns against the first row
-    of the block (off-diagonal) or sums column by column (diagonal).
-    """
-    rows = r0 + tl.arange(0, BC)
-    cols = c0 + tl.arange(0, BC)
-    rv = rows < n
-    cv = cols < n
-    if DIAG:
-        if STRICT:
-            m = rows[:, None] > cols[None, :]
-        else:
-            m = rows[:, None] >= cols[None, :]
-        m = m & rv[:, None] & cv[None, :]
+def decayed_scores(a_ptr, b_ptr, G, start, n, i_h, H, K: tl.constexpr, BK: tl.constexpr, C: tl.constexpr,
+                   GATE: tl.constexpr, STRICT: tl.constexpr, OP: tl.constexpr):
+    """``[C, C]`` fp32 scores of a chunk without a gate or with the scalar one: ``X[t, j] = sum_c a[t,c] b[j,c]
+    exp(G[t] - G[j])`` on ``t > j`` (STRICT) or ``t >= j``, zero elsewhere and outside the chunk. The scalar gate
+    multiplies the product by the exponentials of the masked differences, never of a positive exponent. (The channel
+    gate's scores: :mod:`channel_refs`, :mod:`channel_blocks`.)"""
+    r = tl.arange(0, C)
+    rv = r < n
+    if STRICT:
+        m = r[:, None] > r[None, :]
     else:
-        m = rv[:, None] & cv[None, :]
-    a = load_tile(a_ptr, start, n, r0, 0, i_h, H, K, BC, BK)
-    if GATE == 2:
-        a = a.to(tl.float32)
-        Ga = load_tile(G, start, n, r0, 0, i_h, H, K, BC, BK)
-        ck = tl.arange(0, BK)
-        if DIAG:
-            x = tl.zeros([BC, BC], dtype=tl.float32)
-            for jj in range(BC):
-                col = c0 + jj
-                off = ((start + col) * H + i_h) * K + ck
-                kmask = (ck < K) & (col < n)
-                bj = tl.load(b_ptr + off, mask=kmask, other=0.).to(tl.float32)
-                gj = tl.load(G + off, mask=kmask, other=0.)
-                if STRICT:
-                    keep = rv & (rows > col)
-                else:
-                    keep = rv & (rows >= col)
-                e = tl.exp(tl.where(keep[:, None], Ga - gj[None, :], float("-inf")))
-                xj = tl.sum(a * bj[None, :] * e, axis=1)
-                x = tl.where(tl.arange(0, BC)[None, :] == jj, xj[:, None], x)
-        else:
-            ref = tl.minimum(r0, n - 1)
-            gref = tl.load(G + ((start + ref) * H + i_h) * K + ck, mask=ck < K, other=0.)
-            b = load_tile(b_ptr, start, n, c0, 0, i_h, H, K, BC, BK).to(tl.float32)
-            Gb = load_tile(G, start, n, c0, 0, i_h, H, K, BC, BK)
-            a = a * tl.exp(tl.where(rv[:, None], Ga - gref[None, :], float("-inf")))
-            b = b * tl.exp(tl.where(cv[:, None], gref[None, :] - Gb, float("-inf")))
-            x = mma(a, tl.trans(b), OP)
+        m = r[:, None] >= r[None, :]
+    m = m & rv[:, None] & rv[None, :]
+    a = load_tile(a_ptr, start, n, 0, 0, i_h, H, K, C, BK)
+    b = load_tile(b_ptr, start, n, 0, 0, i_h, H, K, C, BK)
+    x = mma(a, tl.trans(b), OP)
+    if GATE == 1:
+        g = load_vec(G, start, n, 0, i_h, H, C)
+        x = x * tl.exp(tl.where(m, g[:, None] - g[None, :], float("-inf")))
     else:
-        b = load_tile(b_ptr, start, n, c0, 0, i_h, H, K, BC, BK)
-        x = mma(a, tl.trans(b), OP)
-        if GATE == 1:
-            ga = load_vec(G, start, n, r0, i_h, H, BC)
-            gb = load_vec(G, start, n, c0, i_h, H, BC)
-            x = x * tl.exp(tl.where(m, ga[:, None] - gb[None, :], float("-inf")))
-        else:
-            x = tl.where(m, x, 0.)
+        x = tl.where(m, x, 0.)
     return x

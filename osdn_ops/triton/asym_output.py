@@ -2,9 +2,10 @@
 
 ``O = scale ((Q e^G) S + tril_incl((Q e^G)(Kt e^-G)^T) Vnew)`` per chunk (DESIGN §4), with ``S``
 the chunk-start state from :func:`chunk_states`. One program per (V block, chunk, batch*head).
-Without a gate and with the scalar gate the scores are one 64 x 64 product; with the channel gate one product of
-scaled tiles, or one per 16-column block, where the chunk allows reference rows (:func:`channel_refs`), else
-16 x 16 blocks (:func:`decayed_scores`) so every exponent stays non-positive.
+Without a gate and with the scalar gate the scores are one 64 x 64 product (:func:`decayed_scores`); with the channel
+gate one product of scaled tiles, or one per 16-column block, where the chunk allows reference rows
+(:func:`channel_refs`), else the exact block form (:func:`channel_blocks.block_scores`), so every exponent stays
+non-positive.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, bf16_scores, block, chunk_layout, chunk_span,
                           decayed_scores, fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .channel_blocks import block_scores
 from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .host_math import cdiv
 
@@ -62,34 +64,24 @@ def _output_kernel(q, kt, vnew, h, G, o, cu, table, T, NT, scale, H, K: tl.const
     if GATE == 2:
         r = tl.arange(0, C)
         refs = channel_refs(G, start + r, r < n, i_h, H, K, BK)
-        if refs == 1:
-            a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            P = ref_scores(a, b, G, start + r, r < n, i_h, H, K, BK, PREC, HALF)
-            _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
-        elif refs == 4:
+        if refs == 4:
             rows_o = _state_part(q, G, S, start, n, i_h, H, K, BK, C, GATE, OP)
             a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             for j in tl.static_range(4):
-                Pj = ref_column_scores(a, kt, G, start + r, r < n, i_h, H, K, BK, 16 * j, 16 * j, 16 * j, False,
-                                       PREC, HALF)
+                Pj = ref_column_scores(a, kt, G, start + r, r < n, i_h, H, K, BK, 16 * j, False, PREC, HALF)
                 vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
                 rows_o += mma(Pj.to(OP), vj, OP)
             store_tile(o, rows_o * scale, start, n, 0, i_v * BV, i_h, H, V, C, BV)
         else:
-            for i in tl.static_range(4):
-                rv = (16 * i + tl.arange(0, 16)) < n
-                qi = load_tile(q, start, n, 16 * i, 0, i_h, H, K, 16, BK).to(tl.float32)
-                Gi = load_tile(G, start, n, 16 * i, 0, i_h, H, K, 16, BK)
-                qi = qi * tl.exp(tl.where(rv[:, None], Gi, float("-inf")))
-                acc = mma(qi.to(OP), S, OP)
-                for j in tl.static_range(i + 1):
-                    Pij = decayed_scores(q, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, False, OP)
-                    vj = load_tile(vnew, start, n, 16 * j, i_v * BV, i_h, H, V, 16, BV).to(OP)
-                    acc += mma(Pij.to(OP), vj, OP)
-                store_tile(o, acc * scale, start, n, 16 * i, i_v * BV, i_h, H, V, 16, BV)
+            if refs == 1:
+                a = load_tile(q, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+                b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+                P = ref_scores(a, b, G, start + r, r < n, i_h, H, K, BK, PREC, HALF)
+            else:
+                P = block_scores(q, kt, G, start + r, r < n, i_h, H, K, BK, PREC, HALF)
+            _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
     else:
-        P = decayed_scores(q, kt, G, start, n, i_h, 0, 0, H, K, BK, C, GATE, True, False, OP)
+        P = decayed_scores(q, kt, G, start, n, i_h, H, K, BK, C, GATE, False, OP)
         _rows_out(q, vnew, G, o, S, P, start, n, i_v, i_h, H, scale, K, V, BK, BV, C, GATE, OP)
 
 

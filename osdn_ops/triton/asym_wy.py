@@ -20,6 +20,7 @@ from torch import Tensor
 
 from .asym_chunks import (CHUNK, GATE_CODE, ChunkLayout, bf16_scores, block, chunk_layout, chunk_span,
                           decayed_scores, fp32_product_precision, load_tile, load_vec, mma, operand_type, store_tile)
+from .channel_blocks import block_scores
 from .channel_refs import channel_refs, ref_column_scores, ref_scores
 from .triangular import unit_lower_inverse
 
@@ -66,31 +67,28 @@ def _stage_scores(k, kt, beta, G, Ainv, start, n, i_h, H, K: tl.constexpr, BK: t
     """Write ``A = tril(B (K e^G)(Kt e^-G)^T, -1)`` of the chunk into its Ainv rows (scratch).
 
     Gates none / scalar: one 64 x 64 product. Channel gate: one product of scaled tiles, or one per 16-column block,
-    where the chunk allows reference rows (:func:`channel_refs`), else the ten lower 16 x 16 blocks, the diagonal
-    ones element by element (blocks above the diagonal are left unwritten)."""
+    where the chunk allows reference rows (:func:`channel_refs`), else the exact block form
+    (:func:`channel_blocks.block_scores`)."""
     if GATE == 2:
         r = tl.arange(0, C)
         rows = start + r
         refs = channel_refs(G, rows, r < n, i_h, H, K, BK)
         bt = load_vec(beta, start, n, 0, i_h, H, C)[:, None]
-        if refs == 1:
-            a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
-            A = ref_scores(a, b, G, rows, r < n, i_h, H, K, BK, PREC, HALF)
-            store_tile(Ainv, bt * tl.where(r[:, None] > r[None, :], A, 0.), start, n, 0, 0, i_h, H, C, C, C)
-        elif refs == 4:
+        if refs == 4:
             a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
             for j in tl.static_range(4):
-                Aj = ref_column_scores(a, kt, G, rows, r < n, i_h, H, K, BK, 16 * j, 16 * j, 16 * j, True, PREC, HALF)
+                Aj = ref_column_scores(a, kt, G, rows, r < n, i_h, H, K, BK, 16 * j, True, PREC, HALF)
                 store_tile(Ainv, bt * Aj, start, n, 0, 16 * j, i_h, H, C, C, 16)
         else:
-            for i in tl.static_range(4):
-                bi = load_vec(beta, start, n, 16 * i, i_h, H, 16)[:, None]
-                for j in tl.static_range(i + 1):
-                    Aij = decayed_scores(k, kt, G, start, n, i_h, 16 * i, 16 * j, H, K, BK, 16, GATE, j == i, True, OP)
-                    store_tile(Ainv, bi * Aij, start, n, 16 * i, 16 * j, i_h, H, C, 16, 16)
+            if refs == 1:
+                a = load_tile(k, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+                b = load_tile(kt, start, n, 0, 0, i_h, H, K, C, BK).to(tl.float32)
+                A = ref_scores(a, b, G, rows, r < n, i_h, H, K, BK, PREC, HALF)
+            else:
+                A = block_scores(k, kt, G, rows, r < n, i_h, H, K, BK, PREC, HALF)
+            store_tile(Ainv, bt * tl.where(r[:, None] > r[None, :], A, 0.), start, n, 0, 0, i_h, H, C, C, C)
     else:
-        A = decayed_scores(k, kt, G, start, n, i_h, 0, 0, H, K, BK, C, GATE, True, True, OP)
+        A = decayed_scores(k, kt, G, start, n, i_h, H, K, BK, C, GATE, True, OP)
         store_tile(Ainv, load_vec(beta, start, n, 0, i_h, H, C)[:, None] * A, start, n, 0, 0, i_h, H, C, C, C)
 
 

@@ -85,37 +85,36 @@ def ref_scores(a, b, G, rows, rm, hh, H, K, BK: tl.constexpr, PREC: tl.constexpr
 
 
 @triton.jit
-def block_factors(G, rows, rm, hh, H, K, ak, J, R, T0):
-    """Reference row ``R`` for the columns of block ``J..J+15``, on the channels ``ak`` [BC]: ``(F, Bf, offb, bm)``
-    with ``F`` [64, BC] fp32 ``= e^{G_tc - G_Rc}`` on valid rows ``t >= T0`` (else 0), ``Bf`` [16, BC] fp32
-    ``= e^{G_Rc - G_(J+j)c}`` on the block's valid rows (else 0), and the block rows' offsets and mask in a
-    ``[.., H, K]`` tensor, so that callers read only the block's rows of their column operand. Four references
-    (:func:`channel_refs`): ``R = T0 = J``; the exact block form (``channel_blocks``): ``R`` the block's last valid
-    row, ``T0 = J + 16``."""
+def block_factors(G, rows, rm, hh, H, K, ak, J):
+    """The block's first row ``J`` as the reference of the columns of block ``J..J+15`` (four references,
+    :func:`channel_refs`), on the channels ``ak`` [BC]: ``(F, Bf, offb, bm)`` with ``F`` [64, BC] fp32
+    ``= e^{G_tc - G_Jc}`` on valid rows ``t >= J`` (else 0), ``Bf`` [16, BC] fp32 ``= e^{G_Jc - G_(J+j)c}`` on the
+    block's valid rows (else 0), and the block rows' offsets and mask in a ``[.., H, K]`` tensor, so that callers read
+    only the block's rows of their column operand."""
     i = tl.arange(0, 64)
     jj = J + tl.arange(0, 16)
     n = tl.sum(rm.to(tl.int32), 0)
     first = tl.min(rows, 0)
     m = rm[:, None] & (ak < K)[None, :]
     bm = (jj < n)[:, None] & (ak < K)[None, :]
-    gR = tl.load(G + ((first + R) * H + hh) * K + ak, mask=(ak < K) & (R < n), other=0.).to(tl.float32)
+    gR = tl.load(G + ((first + J) * H + hh) * K + ak, mask=(ak < K) & (J < n), other=0.).to(tl.float32)
     gt = tl.load(G + (rows[:, None] * H + hh) * K + ak[None, :], mask=m, other=0.).to(tl.float32)
-    F = tl.exp(tl.where(m & (i >= T0)[:, None], gt - gR[None, :], float("-inf")))
+    F = tl.exp(tl.where(m & (i >= J)[:, None], gt - gR[None, :], float("-inf")))
     offb = ((first + jj)[:, None] * H + hh) * K + ak[None, :]
     gb = tl.load(G + offb, mask=bm, other=0.).to(tl.float32)
     return F, tl.exp(tl.where(bm, gR[None, :] - gb, float("-inf"))), offb, bm
 
 
 @triton.jit
-def ref_column_scores(a, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, J, R, T0, STRICT: tl.constexpr,
+def ref_column_scores(a, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, J, STRICT: tl.constexpr,
                       PREC: tl.constexpr, HALF: tl.constexpr):
     """Channel gate: the ``[64, 16]`` columns ``J..J+15`` of the chunk's scores, ``s[t,j] = sum_c a_tc b_(J+j)c
-    E[t,J+j,c]`` on valid ``t > J + j`` (STRICT) or ``t >= J + j`` and ``t >= T0`` (else 0), as one product against
-    reference row ``R`` (:func:`block_factors`; products as :func:`mm`). ``a`` [64, BK] fp32; ``b_ptr`` a
+    E[t,J+j,c]`` on valid ``t > J + j`` (STRICT) or ``t >= J + j`` (else 0), as one product against reference row
+    ``J`` (:func:`block_factors`; products as :func:`mm`). ``a`` [64, BK] fp32; ``b_ptr`` a
     ``[.., H, K]`` tensor whose block rows are read here, so only the block's factors ``[16, BK]`` are formed."""
     i = tl.arange(0, 64)
     jj = J + tl.arange(0, 16)
-    F, Bf, offb, bm = block_factors(G, rows, rm, hh, H, K, tl.arange(0, BK), J, R, T0)
+    F, Bf, offb, bm = block_factors(G, rows, rm, hh, H, K, tl.arange(0, BK), J)
     bb = tl.load(b_ptr + offb, mask=bm, other=0.).to(tl.float32) * Bf
     s = mm(a * F, tl.trans(bb), PREC, HALF)
     if STRICT:
@@ -166,7 +165,7 @@ def stack_columns(c0, c1, c2, c3):
 def _block_sums(xr, xc, a, b_ptr, G, rows, rm, hh, H, K, BK: tl.constexpr, J, PREC: tl.constexpr):
     """:func:`ref_column_sums` for the column block ``J..J+15``: its part of ``R`` [64, BK] and its rows of ``C``
     [16, BK]."""
-    F, Bf, offb, bm = block_factors(G, rows, rm, hh, H, K, tl.arange(0, BK), J, J, J)
+    F, Bf, offb, bm = block_factors(G, rows, rm, hh, H, K, tl.arange(0, BK), J)
     bb = tl.load(b_ptr + offb, mask=bm, other=0.).to(tl.float32) * Bf
     return F * mm(xr, bb, PREC, False), Bf * mm(tl.trans(xc), a * F, PREC, False)
 
