@@ -33,6 +33,12 @@ and the groups inside a sequence run without row masks, the chains took (H200, p
 0.039 / 0.189 ms forward (from 0.096 / 0.054 / 0.262) and 0.098 / 0.052 / 0.264 ms adjoint (from 0.107 / 0.058 /
 0.290). Running the trailing unflagged groups before the adjoint's loop saved a little more on those shapes but
 cost 15-50% on clamp-heavy ones (S1-clamp, retention), so it is not done.
+
+The forward step is bound by instruction issue, not by its dependency path: about 560 PTX instructions a group
+(sm_90, bf16, K 128), issued by one warp. So forms that shorten the path but add work were slower (H100, S1, chain
+kernel ms, against 0.066): carrying ``p`` and forming the next group's ``S d`` beside ``w`` (a stored cross Gram for
+the rest) 0.114, its precompute 0.050 -> 0.089; the key columns split over 2 or 4 warps (Gluon) 0.074-0.084; keys
+and ``M`` by TMA 0.070 (benchmarks/RESULTS.md, runs of 2026-12-07 23:58 and 2026-12-08 00:17).
 """
 from __future__ import annotations
 
