@@ -14,9 +14,11 @@ from typing import Optional
 
 from torch import Tensor
 
-from . import checks, library
+from . import checks, library, memory
+from .memory import keep_chunk_states, set_keep_chunk_states
 
-__all__ = ["precond_scan", "chunk_delta_asym", "chunk_gated_delta_asym", "chunk_kda_asym", "osdn"]
+__all__ = ["precond_scan", "chunk_delta_asym", "chunk_gated_delta_asym", "chunk_kda_asym", "osdn",
+           "keep_chunk_states", "set_keep_chunk_states"]
 __version__ = "0.1.0"
 
 
@@ -56,8 +58,8 @@ def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Ten
     """
     s = checks.asym_args(q, k, k_tilde, v, None, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="none")
-    o, state, _ = library.chunk_delta_asym(*checks.contiguous(q, k, k_tilde, v, beta, initial_state, cu_seqlens),
-                                           scale=s)
+    o, state, *_ = library.chunk_delta_asym(*checks.contiguous(q, k, k_tilde, v, beta, initial_state, cu_seqlens),
+                                            scale=s, keep_states=memory.keeping_chunk_states())
     return o, state
 
 
@@ -71,8 +73,9 @@ def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="scalar")
-    o, state, _ = library.chunk_gated_delta_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state,
-                                                                    cu_seqlens), scale=s)
+    o, state, *_ = library.chunk_gated_delta_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state,
+                                                                     cu_seqlens),
+                                                  scale=s, keep_states=memory.keeping_chunk_states())
     return o, state
 
 
@@ -87,8 +90,8 @@ def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, 
     """
     s = checks.asym_args(q, k, k_tilde, v, g, beta, scale=scale, initial_state=initial_state,
                          cu_seqlens=cu_seqlens, gate="channel")
-    o, state, _ = library.chunk_kda_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens),
-                                         scale=s)
+    o, state, *_ = library.chunk_kda_asym(*checks.contiguous(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens),
+                                          scale=s, keep_states=memory.keeping_chunk_states())
     return o, state
 
 

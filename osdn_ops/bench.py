@@ -7,6 +7,8 @@ exact), and prints one table: op, impl, shape, fwd ms, fwd+bwd ms, ratios to the
 error. Implementations:
 
 - ``osdn``: the public op on the device (Triton on CUDA, the PyTorch kernel on the CPU);
+- ``osdn-kept``: the same inside ``osdn_ops.keep_chunk_states()`` (the asym ops and ``osdn``; opt-in): the forward
+  keeps its chunk states and the backward recomputes none;
 - ``torch``: the PyTorch reference kernels run on the device (CUDA only, opt-in: slow);
 - ``fla``: flash-linear-attention's peers (symmetric keys), when ``fla`` is importable on CUDA;
   their rows name the fla function, and the ratios compare each of our ops with its best peer.
@@ -15,7 +17,8 @@ Timing: ``triton.testing.do_bench(warmup=25, rep=200, return_mode="median")`` on
 untimed call; the median of a few wall-clock runs on the CPU. On CUDA the table also gives the
 forward+backward's kernel time (the sum of its kernels' device times, from the profiler, per call):
 where it is well below the wall time, the step is bound by the host (launches, autograd), not by
-the kernels.
+the kernels; the peak extra memory of a forward+backward, and the memory the forward holds for the backward
+(what a model keeps per layer: outputs and saved tensors, beyond the inputs).
 """
 from __future__ import annotations
 
@@ -152,6 +155,14 @@ def _osdn_impl(op: str, p: Problem, torch_kernels: bool):
     return x, run
 
 
+def _keeping(run):
+    """``run`` inside ``osdn_ops.keep_chunk_states()``."""
+    def kept(x):
+        with osdn_ops.keep_chunk_states():
+            return run(x)
+    return kept
+
+
 def _fla_impl(name: str, p: Problem):
     """An fla peer on the symmetric problem (k_tilde = k); its state is K x V."""
     import fla.ops  # noqa: F401  (raises ImportError when fla is not installed)
@@ -263,6 +274,7 @@ class Row:
     gpu_fwd_bwd: float = float("nan")
     err: float = float("nan")
     peak_gib: float = float("nan")
+    held_gib: float = float("nan")
     note: str = ""
 
 
@@ -275,6 +287,8 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
         check = check and FLA_CHECK[op] is not None
     else:
         x, run = _osdn_impl(op, p, torch_kernels=impl == "torch")
+        if impl == "osdn-kept":
+            run = _keeping(run)
     with torch.no_grad():
         row.fwd = _time(lambda: run(x), device)
     try:
@@ -295,6 +309,12 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
             step()
             torch.cuda.synchronize()
             row.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
+            for t in leaves.values():
+                t.grad = None
+            base = torch.cuda.memory_allocated()
+            outs = run(leaves)
+            row.held_gib = (torch.cuda.memory_allocated() - base) / 2**30
+            del outs
             row.gpu_fwd_bwd = sum(kernel_times(step).values())
     except Exception as e:  # fla refuses some backward passes on some GPUs: report, don't hide
         row.note = f"bwd refused: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
@@ -319,14 +339,14 @@ def _ratio(row: Row, rows: list[Row], attr: str) -> str:
 
 def table(rows: list[Row]) -> str:
     head = ("| op | impl | shape | fwd ms | fwd+bwd ms | fwd / best peer | fwd+bwd / best peer | fwd+bwd kernel ms | "
-            "kernel ms / best peer | max rel err | peak GiB | note |")
-    lines = [head, "|" + "---|" * 12]
+            "kernel ms / best peer | max rel err | peak GiB | held GiB | note |")
+    lines = [head, "|" + "---|" * 13]
     for r in rows:
         fmt = lambda v, f: "" if v != v else format(v, f)  # noqa: E731  (NaN -> empty)
         lines.append(f"| {r.op} | {r.impl} | {r.shape} | {fmt(r.fwd, '.3f')} | {fmt(r.fwd_bwd, '.3f')} | "
                      f"{_ratio(r, rows, 'fwd')} | {_ratio(r, rows, 'fwd_bwd')} | {fmt(r.gpu_fwd_bwd, '.3f')} | "
                      f"{_ratio(r, rows, 'gpu_fwd_bwd')} | {fmt(r.err, '.1e')} | "
-                     f"{fmt(r.peak_gib, '.2f')} | {r.note} |")
+                     f"{fmt(r.peak_gib, '.2f')} | {fmt(r.held_gib, '.2f')} | {r.note} |")
     return "\n".join(lines)
 
 
@@ -345,7 +365,8 @@ def main(argv=None) -> list[Row]:
     ap.add_argument("--ops", default=",".join(OPS), help="comma list of ops (default: all)")
     ap.add_argument("--shapes", default="S1,S2,S3,S4,S1-clamp",
                     help="comma list of S1..S4 and S1-clamp (precond_scan only); default: all")
-    ap.add_argument("--impls", default=None, help="comma list of osdn, torch, fla (default: osdn, and fla when present)")
+    ap.add_argument("--impls", default=None,
+                    help="comma list of osdn, osdn-kept, torch, fla (default: osdn, and fla when present)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-check", action="store_true", help="skip the float64 error check")
     ap.add_argument("--markdown", default=None, help="also write the table to this file")
@@ -364,7 +385,7 @@ def main(argv=None) -> list[Row]:
         for op in args.ops.split(","):
             if clamp and op != "precond_scan":
                 continue
-            runs = [(op, i) for i in impls if i != "fla"]
+            runs = [(op, i) for i in impls if i != "fla" and not (i == "osdn-kept" and op == "precond_scan")]
             if "fla" in impls and not clamp:
                 runs += [(peer, "fla") for peer in PEERS[op]
                          if not any(r.op == peer and r.shape == p.name for r in rows)]  # one row per peer

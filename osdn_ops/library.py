@@ -22,16 +22,18 @@ Op schemas (``gate`` names the variant: "none" delta, "scalar" gated, "channel" 
 flat buffer) and ``flags`` (int32) are what the Triton forward keeps for its backward
 (``osdn_ops.triton.precond.saved_shapes``); the reference kernels return them empty (``[0]``) and
 ignore them. ``osdn_ops.precond_scan`` returns only ``(k_tilde, d_final)``.
-    chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale)
-    chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
-    chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale)
-        -> (o [B,T,H,V], final_state [N,H,V,K] or [N,H,K,V] for KDA, inverse)
-    chunk_asym_backward(do, dht, q, k, k_tilde, v, g?, beta, initial_state?, cu_seqlens?, inverse?, *, scale, gate)
+    chunk_delta_asym(q, k, k_tilde, v, beta, initial_state?, cu_seqlens?, *, scale, keep_states=False)
+    chunk_gated_delta_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale, keep_states=False)
+    chunk_kda_asym(q, k, k_tilde, v, g, beta, initial_state?, cu_seqlens?, *, scale, keep_states=False)
+        -> (o [B,T,H,V], final_state [N,H,V,K] or [N,H,K,V] for KDA, inverse, states)
+    chunk_asym_backward(do, dht, q, k, k_tilde, v, g?, beta, initial_state?, cu_seqlens?, inverse?, states?, *,
+                        scale, gate)
         -> (dq, dk, dk_tilde, dv, dg (g's shape, or [0]), dbeta, dh0 (the state's shape))
 
 ``inverse`` is the WY inverse the Triton forward keeps for its backward (fp32 ``[B,T,H,64]``,
-``osdn_ops.triton.asym.saved_shape``); the reference kernels return it empty and ignore it. The
-public functions return only ``(o, final_state)``.
+``osdn_ops.triton.asym.saved_shape``) and ``states`` (with ``keep_states``, ``osdn_ops.memory``) its ``W``,
+``v_new`` and chunk-start states in one flat buffer in the inputs' dtype (``osdn_ops.triton.asym_kept``); the
+reference kernels return both empty and ignore them. The public functions return only ``(o, final_state)``.
 """
 from __future__ import annotations
 
@@ -154,46 +156,48 @@ torch.library.register_autograd("osdn::precond_scan", _precond_backward, setup_c
 
 @torch.library.custom_op("osdn::chunk_asym_backward", mutates_args=())
 def chunk_asym_backward(do: Tensor, dht: Tensor, q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Opt,
-                        beta: Tensor, initial_state: Opt, cu_seqlens: Opt, inverse: Opt, *, scale: float,
-                        gate: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                        beta: Tensor, initial_state: Opt, cu_seqlens: Opt, inverse: Opt, states: Opt, *,
+                        scale: float, gate: str) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     return reference.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
 
 
 @chunk_asym_backward.register_kernel("cuda")
-def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, *, scale, gate):
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, states, *, scale, gate):
     if not _triton_path(q):
         return reference.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
     from .triton import kernels
 
     return kernels.chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate,
-                                  inverse=inverse)
+                                  inverse=inverse, states=states)
 
 
 @chunk_asym_backward.register_fake
-def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, *, scale, gate):
+def _(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, states, *, scale, gate):
     dg = torch.empty_like(g) if g is not None else v.new_empty(0, dtype=state_dtype(v))
     return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(k_tilde), torch.empty_like(v), dg,
             torch.empty_like(beta), torch.empty_like(dht))
 
 
-def _asym_fake(q, v, cu_seqlens, gate):
+def _asym_fake(q, v, cu_seqlens, gate, keep_states):
     B, T, H, K = q.shape
     shape = reference.state_shape(gate, _num_seqs(B, cu_seqlens), H, K, v.shape[-1])
-    inverse = (0,)
+    inverse, states = (0,), (0,)
     if _triton_path(q):
-        from .triton.asym import saved_shape
+        from .triton.asym import kept_states_shape, saved_shape
 
         inverse = saved_shape(q, v)
-    return torch.empty_like(v), v.new_empty(shape, dtype=state_dtype(v)), q.new_empty(inverse, dtype=torch.float32)
+        states = kept_states_shape(q, v, cu_seqlens) if keep_states and inverse != (0,) else (0,)
+    return (torch.empty_like(v), v.new_empty(shape, dtype=state_dtype(v)), q.new_empty(inverse, dtype=torch.float32),
+            q.new_empty(states))
 
 
-def _asym_fwd(device: str, gate: str, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale):
+def _asym_fwd(device: str, gate: str, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, keep_states):
     args = (q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate)
     if device == "cuda" and _triton_path(q):
         from .triton import kernels
 
-        return kernels.chunk_asym_fwd(*args, save=True)
-    return reference.chunk_asym_fwd(*args) + (q.new_empty(0, dtype=torch.float32),)
+        return kernels.chunk_asym_fwd(*args, save=True, keep_states=keep_states)
+    return reference.chunk_asym_fwd(*args) + (q.new_empty(0, dtype=torch.float32), q.new_empty(0))
 
 
 def _register_asym_autograd(op, gate: str) -> None:
@@ -205,19 +209,19 @@ def _register_asym_autograd(op, gate: str) -> None:
             g = None
         else:
             q, k, k_tilde, v, g, beta, h0, cu = inputs
-        ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu, output[2])
-        ctx.mark_non_differentiable(output[2])
+        ctx.save_for_backward(q, k, k_tilde, v, g, beta, h0, cu, output[2], output[3])
+        ctx.mark_non_differentiable(output[2], output[3])
         ctx.set_materialize_grads(False)
         ctx.scale = keyword_only_inputs["scale"]
 
-    def backward(ctx, do, dht, _dinverse):
-        q, k, k_tilde, v, g, beta, h0, cu, inverse = ctx.saved_tensors
+    def backward(ctx, do, dht, _dinverse, _dstates):
+        q, k, k_tilde, v, g, beta, h0, cu, inverse, states = ctx.saved_tensors
         B, T, H, K = q.shape
         V = v.shape[-1]
         do = _grad_or_zeros(do, (B, T, H, V), v.dtype, v)
         dht = _grad_or_zeros(dht, reference.state_shape(gate, _num_seqs(B, cu), H, K, V), state_dtype(v), v)
         dq, dk, dkt, dv, dg, dbeta, dh0 = chunk_asym_backward(do, dht, q, k, k_tilde, v, g, beta, h0, cu, inverse,
-                                                              scale=ctx.scale, gate=gate)
+                                                              states, scale=ctx.scale, gate=gate)
         dh0 = dh0 if h0 is not None else None
         if gate == "none":
             return dq, dk, dkt, dv, dbeta, dh0, None
@@ -228,50 +232,53 @@ def _register_asym_autograd(op, gate: str) -> None:
 
 @torch.library.custom_op("osdn::chunk_delta_asym", mutates_args=())
 def chunk_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, initial_state: Opt,
-                     cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _asym_fwd("cpu", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale)
+                     cu_seqlens: Opt, *, scale: float, keep_states: bool = False
+                     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _asym_fwd("cpu", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_delta_asym.register_kernel("cuda")
-def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fwd("cuda", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale)
+def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fwd("cuda", "none", q, k, k_tilde, v, None, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_delta_asym.register_fake
-def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fake(q, v, cu_seqlens, "none")
+def _(q, k, k_tilde, v, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fake(q, v, cu_seqlens, "none", keep_states)
 
 
 @torch.library.custom_op("osdn::chunk_gated_delta_asym", mutates_args=())
 def chunk_gated_delta_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                           initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _asym_fwd("cpu", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+                           initial_state: Opt, cu_seqlens: Opt, *, scale: float, keep_states: bool = False
+                           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _asym_fwd("cpu", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_gated_delta_asym.register_kernel("cuda")
-def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fwd("cuda", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fwd("cuda", "scalar", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_gated_delta_asym.register_fake
-def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fake(q, v, cu_seqlens, "scalar")
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fake(q, v, cu_seqlens, "scalar", keep_states)
 
 
 @torch.library.custom_op("osdn::chunk_kda_asym", mutates_args=())
 def chunk_kda_asym(q: Tensor, k: Tensor, k_tilde: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                   initial_state: Opt, cu_seqlens: Opt, *, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    return _asym_fwd("cpu", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+                   initial_state: Opt, cu_seqlens: Opt, *, scale: float, keep_states: bool = False
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _asym_fwd("cpu", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_kda_asym.register_kernel("cuda")
-def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fwd("cuda", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale)
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fwd("cuda", "channel", q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, keep_states)
 
 
 @chunk_kda_asym.register_fake
-def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale):
-    return _asym_fake(q, v, cu_seqlens, "channel")
+def _(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, *, scale, keep_states=False):
+    return _asym_fake(q, v, cu_seqlens, "channel", keep_states)
 
 
 _register_asym_autograd(chunk_delta_asym, "none")

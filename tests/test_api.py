@@ -156,3 +156,59 @@ def test_gradients_when_one_output_is_unused(gate):
 def test_gpu_gradients_when_one_output_is_unused(gate):
     """The same on the Triton kernels (fp32)."""
     _unused_output_case(gate, "cuda", torch.float32)
+
+
+def test_keep_chunk_states_setting():
+    """Off by default; the context manager sets it and restores the previous value, also on an error; only a
+    bool is accepted. On the CPU (reference kernels, nothing kept) the results do not change."""
+    from osdn_ops.memory import keeping_chunk_states
+    assert keeping_chunk_states() is False
+    with osdn_ops.keep_chunk_states():
+        assert keeping_chunk_states() is True
+        with osdn_ops.keep_chunk_states(False):
+            assert keeping_chunk_states() is False
+        assert keeping_chunk_states() is True
+    assert keeping_chunk_states() is False
+    with pytest.raises(RuntimeError), osdn_ops.keep_chunk_states():
+        raise RuntimeError
+    assert keeping_chunk_states() is False
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="enabled: expected a bool"):
+            osdn_ops.set_keep_chunk_states(bad)
+    x = asym_problem("scalar", B=2, T=20, H=2, K=4, V=3, dtype=torch.float64, requires_grad=True, seed=13)
+    leaves = [x[n] for n in NAMES if x[n] is not None]
+    o, s = asym_call(osdn_ops.chunk_gated_delta_asym, "scalar", x)
+    want = torch.autograd.grad(o.sum() + s.sum(), leaves)
+    with osdn_ops.keep_chunk_states():
+        o2, s2 = asym_call(osdn_ops.chunk_gated_delta_asym, "scalar", x)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+    for a, b in zip(torch.autograd.grad(o2.sum() + s2.sum(), leaves), want):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("gate", list(ASYM))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_keep_chunk_states(gate, dtype):
+    """With ``keep_chunk_states`` the Triton forward holds its ``W``, ``v_new`` and chunk states until the backward
+    (the memory held after the forward grows by exactly their bytes) and the backward, which then recomputes neither,
+    gives bitwise the same gradients (packed sequences, an initial state)."""
+    from osdn_ops.triton.asym import kept_states_shape
+    x = asym_problem(gate, B=1, T=300, H=3, K=64, V=32, dtype=dtype, cu_seqlens=[0, 100, 100, 300],
+                     requires_grad=True, seed=14, device="cuda")
+    leaves = [x[n] for n in NAMES if x[n] is not None]
+    do = torch.randn(1, 300, 3, 32, device="cuda", dtype=dtype)
+    held, grads = [], []
+    for keep in (False, True):
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        with osdn_ops.keep_chunk_states(keep):
+            o, s = asym_call(ASYM[gate], gate, x)
+        torch.cuda.synchronize()
+        held.append(torch.cuda.memory_allocated() - before)
+        grads.append(torch.autograd.grad((o, s), leaves, (do, torch.ones_like(s))))
+        del o, s
+    extra = kept_states_shape(x["q"], x["v"], x["cu_seqlens"])[0] * x["q"].element_size()
+    assert held[1] - held[0] >= extra and held[1] - held[0] < extra + 2 ** 20, (held, extra)
+    for name, a, b in zip([n for n in NAMES if x[n] is not None], *grads):
+        assert torch.isfinite(a).all() and torch.equal(a, b), name

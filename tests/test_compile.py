@@ -63,3 +63,23 @@ def test_compiled_varlen():
     args = (x["q"], x["k"], x["v"], x["beta"], x["g"], x["cu_seqlens"])
     for a, b in zip(torch.compile(f, fullgraph=True)(*args), f(*args)):
         torch.testing.assert_close(a, b)
+
+
+def test_keep_chunk_states_is_guarded():
+    """A compiled function keeps what it was traced with: switching ``keep_chunk_states`` retraces it (Dynamo
+    guards on the setting), and the results are the same either way."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    fn = torch.compile(_loss, fullgraph=True, backend=counter)
+    xs = _inputs("none", 13, seed=5)
+    live = [t for t in xs if t is not None]
+    want = torch.autograd.grad(fn(*xs), live)
+    frames = counter.frame_count
+    with osdn_ops.keep_chunk_states():
+        got = torch.autograd.grad(fn(*xs), live)
+        assert counter.frame_count > frames
+        frames = counter.frame_count
+        fn(*xs)
+        assert counter.frame_count == frames
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

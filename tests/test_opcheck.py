@@ -31,7 +31,8 @@ def test_opcheck_asym(gate, optional, cu, grad, dtype):
     x = asym_problem(gate, B=1 if cu else 2, T=11, H=2, K=4, V=3, dtype=dtype, cu_seqlens=cu,
                      initial_state=optional, requires_grad=grad, seed=8)
     args = [x["q"], x["k"], x["k_tilde"], x["v"]] + ([] if gate == "none" else [x["g"]])
-    opcheck(OPS[gate], (*args, x["beta"], x["initial_state"], x["cu_seqlens"]), {"scale": 0.5})
+    for keep in (False, True):
+        opcheck(OPS[gate], (*args, x["beta"], x["initial_state"], x["cu_seqlens"]), {"scale": 0.5, "keep_states": keep})
 
 
 @pytest.mark.parametrize("gate", list(OPS))
@@ -41,13 +42,16 @@ def test_opcheck_asym_backward(gate, device):
         pytest.skip("needs CUDA")
     x = asym_problem(gate, B=1, T=11, H=2, K=16, V=16, dtype=torch.float32, cu_seqlens=[0, 6, 11], seed=9,
                      device=device)
-    o, s, inverse = library.ASYM_OPS[gate](*([x["q"], x["k"], x["k_tilde"], x["v"]]
-                                             + ([] if gate == "none" else [x["g"]])),
-                                           x["beta"], x["initial_state"], x["cu_seqlens"], scale=0.5)
+    o, s, inverse, states = library.ASYM_OPS[gate](*([x["q"], x["k"], x["k_tilde"], x["v"]]
+                                                     + ([] if gate == "none" else [x["g"]])),
+                                                   x["beta"], x["initial_state"], x["cu_seqlens"], scale=0.5,
+                                                   keep_states=True)
+    assert (states.numel() > 0) == (device == "cuda")
     args = (torch.randn_like(o), torch.randn_like(s), x["q"], x["k"], x["k_tilde"], x["v"], x["g"], x["beta"],
             x["initial_state"], x["cu_seqlens"])
-    for kept in (inverse, None):                      # the forward's WY inverse, or none (recomputed)
-        opcheck(torch.ops.osdn.chunk_asym_backward.default, args + (kept,), {"scale": 0.5, "gate": gate})
+    # the forward's WY inverse and chunk states, its inverse alone, or nothing (recomputed)
+    for kept in ((inverse, states), (inverse, None), (None, None)):
+        opcheck(torch.ops.osdn.chunk_asym_backward.default, args + kept, {"scale": 0.5, "gate": gate})
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -15,7 +15,8 @@ import osdn_ops.triton as ot
 from osdn_ops.reference import GATES, asym_chunked, asym_recurrent, state_shape
 from osdn_ops.reference import asym as reference
 from osdn_ops.triton import asym_bwd, asym_chunks, asym_states
-from osdn_ops.triton.asym import chunk_asym_fwd, saved_shape
+from osdn_ops.triton.asym import chunk_asym_fwd, kept_states_shape, saved_shape
+from osdn_ops.triton.asym_kept import kept_views
 from osdn_ops.triton.asym_bwd import chunk_asym_bwd
 from osdn_ops.triton.channel_refs import REF_SPAN
 
@@ -176,8 +177,8 @@ def test_backward_from_kept_inverse(gate):
     of the one that recomputes it; a wrong inverse changes them (so it is the one used)."""
     x = _problem(gate, 150, B=1, cu_seqlens=[0, 70, 70, 150], seed=11)
     args = [None if x[n] is None else x[n].detach() for n in NAMES] + [x["cu_seqlens"], 0.37, gate]
-    o, final, inverse = chunk_asym_fwd(*args, save=True)
-    assert inverse.shape == saved_shape(x["q"], x["v"]) and inverse.dtype == torch.float32
+    o, final, inverse, states = chunk_asym_fwd(*args, save=True)
+    assert inverse.shape == saved_shape(x["q"], x["v"]) and inverse.dtype == torch.float32 and states.numel() == 0
     gen = torch.Generator().manual_seed(12)
     do, dht = torch.randn(o.shape, generator=gen).to(DEV), torch.randn(final.shape, generator=gen).to(DEV)
     kept = chunk_asym_bwd(do, dht, *args, inverse=inverse)
@@ -189,14 +190,43 @@ def test_backward_from_kept_inverse(gate):
 
 
 @pytest.mark.parametrize("gate", GATES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_from_kept_states(gate, dtype):
+    """With the forward's chunk states kept (``keep_states``: ``W``, ``v_new``, ``h``) the backward runs neither its
+    WY pass nor its state recurrence and gives the gradients of the one that recomputes them: bitwise for fp32
+    inputs (and on a GPU), within rounding for half inputs in the interpreter (which keeps ``h`` in the inputs' dtype
+    in the forward and in fp32 in the backward). Corrupted states change the gradients (so they are the ones read)."""
+    x = _problem(gate, 150, dtype=dtype, B=1, cu_seqlens=[0, 70, 70, 150], seed=15)
+    args = [None if x[n] is None else x[n].detach() for n in NAMES] + [x["cu_seqlens"], 0.37, gate]
+    o, final, inverse, states = chunk_asym_fwd(*args, save=True, keep_states=True)
+    assert states.shape == kept_states_shape(args[0], args[3], x["cu_seqlens"]) and states.dtype == dtype
+    assert torch.equal(o, chunk_asym_fwd(*args)[0])
+    gen = torch.Generator().manual_seed(16)
+    do, dht = torch.randn(o.shape, generator=gen).to(DEV, dtype), torch.randn(final.shape, generator=gen).to(DEV)
+    kept = chunk_asym_bwd(do, dht, *args, inverse=inverse, states=states)
+    rerun = chunk_asym_bwd(do, dht, *args, inverse=inverse)
+    exact = dtype == torch.float32 or DEV == "cuda"
+    for name, a, b in zip(["q", "k", "k_tilde", "v", "g", "beta", "initial_state"], kept, rerun):
+        assert torch.isfinite(a).all(), f"d{name}"
+        if exact:
+            assert torch.equal(a, b), f"d{name}"
+        elif b.numel():
+            assert rel_rms(a, b) < 1e-2, (f"d{name}", rel_rms(a, b))
+    W, vn, h = kept_views(states, args[0], args[3], x["cu_seqlens"])
+    h.mul_(1.5)
+    wrong = chunk_asym_bwd(do, dht, *args, inverse=inverse, states=states)
+    assert not torch.equal(wrong[0], kept[0])
+
+
+@pytest.mark.parametrize("gate", GATES)
 def test_wide_fp32_keys_run_the_reference(gate):
     """fp32 inputs with K above 128 run the PyTorch reference, forward and backward (their 256-wide fp32 tiles do not
     fit in a Hopper block's shared memory): the outputs and gradients are the reference's, bitwise, and no WY inverse
     is kept. Half-precision inputs of the same width keep the Triton kernels."""
     x = _problem(gate, 70, K=160, V=16, seed=13)
     args = [None if x[n] is None else x[n].detach() for n in NAMES] + [None, 0.37, gate]
-    o, final, inverse = chunk_asym_fwd(*args, save=True)
-    assert inverse.numel() == 0 and saved_shape(x["q"], x["v"]) == (0,)
+    o, final, inverse, states = chunk_asym_fwd(*args, save=True, keep_states=True)
+    assert inverse.numel() == 0 and states.numel() == 0 and saved_shape(x["q"], x["v"]) == (0,)
     want = reference.chunk_asym_fwd(*args)
     assert torch.equal(o, want[0]) and torch.equal(final, want[1])
     gen = torch.Generator().manual_seed(14)

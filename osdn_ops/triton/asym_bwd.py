@@ -29,7 +29,8 @@ gradient of the state at its end)::
 
 The forward keeps the WY inverse T (``chunk_asym_fwd(..., save=True)``; 256 B per token and head,
 fp32); G, W, U (formed from the kept T), the chunk-start states S and Vn are recomputed with the
-forward's stage functions, which keeps the saved activations near the inputs' size.
+forward's stage functions, which keeps the saved activations near the inputs' size. Where the caller asks for it
+(``osdn_ops.keep_chunk_states``) the forward also keeps W, Vn and S (:mod:`asym_kept`) and only G is recomputed.
 Kernels: ``_dh`` (the reverse recurrence, one program per sequence, head and V block; without a gate it
 forms P^T dO itself, with one ``_dv_local`` forms it in parallel first), ``_dqkv`` (step 2, parallel).
 The channel gate's E terms are matrix products when every ``|G_t - G_0| <= REF_SPAN`` in the chunk
@@ -56,6 +57,7 @@ from .asym_chunks import CHUNK as C
 from .asym_chunks import (GATE_CODE, block, chunk_layout, chunk_span, fill_block_v, fp32_product_precision,
                           reference_only)
 from .asym_fwd import chunk_states, gate_cumsum, wy_repr
+from .asym_kept import kept_views
 from .channel_blocks import block_scores, block_sums
 from .channel_refs import (channel_refs, mm, ref_column_scores, ref_column_sums, ref_factors, ref_scores,
                            stack_columns)
@@ -510,10 +512,13 @@ def _dqkv(q, k, kt, v, beta, G, Ainv, h, vn, dvn, dh, do, dq, dk, dkt, dv, dbeta
     tl.store(dbeta + rows * H + hh, db.to(dbeta.dtype.element_ty), mask=rm)
 
 
-def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate, inverse=None):
+def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate, inverse=None,
+                   states=None):
     """Triton backward: ``(dq, dk, dk_tilde, dv, dg, dbeta, dh0)`` (contract of
     ``osdn_ops.reference.chunk_asym_bwd``); dh0 in the public state layout, fp32. ``inverse``: the
-    WY inverse kept by ``chunk_asym_fwd(..., save=True)`` (None or empty: recomputed)."""
+    WY inverse kept by ``chunk_asym_fwd(..., save=True)`` (None or empty: recomputed); ``states``: the chunk states
+    kept by ``chunk_asym_fwd(..., save=True, keep_states=True)`` (:mod:`asym_kept`; None or empty: recomputed; read
+    only together with the inverse)."""
     B, T, H, K = q.shape
     V = v.shape[-1]
     if reference_only(q.dtype, K, V):
@@ -534,7 +539,6 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     table, first = (lay.table, lay.first) if VARLEN else (q, q)
     G = None if g is None else gate_cumsum(g, cu_seqlens, C, layout=lay)
     kept = inverse if inverse is not None and inverse.numel() > 0 else None
-    Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay, inverse=kept)
     BK = block(K)
     PREC = fp32_product_precision(q.dtype)
     # Half inputs: the products round their operands to bf16 (fp32 operand tiles need up to 200 KB of
@@ -543,7 +547,15 @@ def chunk_asym_bwd(do, dht, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens
     # the same products. The CPU interpreter has no bf16 products, so there everything stays fp32.
     HALF = q.dtype != torch.float32 and os.environ.get("TRITON_INTERPRET") != "1"
     work = dict(dtype=q.dtype if HALF else torch.float32, device=dev)
-    h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay, h_dtype=work["dtype"])
+    if kept is not None and states is not None and states.numel() > 0:     # the forward's W, v_new and h
+        Ainv = kept
+        W, vn, h = kept_views(states, q, v, cu_seqlens)
+        h = h.to(work["dtype"])             # a copy only for half inputs in the interpreter
+    else:
+        Ainv, W, U = wy_repr(k, k_tilde, v, beta, G, cu_seqlens, gate, layout=lay, inverse=kept)
+        h, vn, _ = chunk_states(k_tilde, W, U, G, initial_state, cu_seqlens, gate, layout=lay,
+                                h_dtype=work["dtype"])
+        del U
     Gp = beta if G is None else G                 # never read when GATE == 0
 
     f32 = dict(dtype=torch.float32, device=dev)

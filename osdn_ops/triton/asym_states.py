@@ -88,7 +88,8 @@ STATES_CONFIG = dict(block_v=64, num_warps=4, num_stages=2, deep_stages=4)
 
 def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], initial_state: Optional[Tensor],
                  cu_seqlens: Optional[Tensor], gate: str, layout: Optional[ChunkLayout] = None,
-                 h_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor, Tensor]:
+                 h_dtype: torch.dtype = torch.float32, out: Optional[tuple[Tensor, Tensor]] = None
+                 ) -> tuple[Tensor, Tensor, Tensor]:
     """Chunk-start states, ``Vnew`` and the final state: ``(h, v_new, final_state)``.
 
     ``k_tilde, W [B,T,H,K]``, ``U [B,T,H,V]`` (W, U from :func:`wy_repr`), ``G`` from
@@ -97,14 +98,18 @@ def chunk_states(k_tilde: Tensor, W: Tensor, U: Tensor, G: Optional[Tensor], ini
     Returns ``h [B,NT,H,K,V]`` (varlen: ``[1,max_chunks,H,K,V]``, row = chunk-table row; rows of
     absent chunks are left unwritten) in ``h_dtype`` (fp32 by default; the forward keeps it in
     the input dtype, the type its products read it in), ``v_new [B,T,H,V]`` in U's dtype, and
-    ``final_state`` fp32 in the public layout.
+    ``final_state`` fp32 in the public layout. ``out``: contiguous ``(h, v_new)`` of those shapes and dtypes to write
+    into (the forward's kept states, :mod:`asym_kept`).
     """
     B, T, H, K = k_tilde.shape
     V = U.shape[-1]
     lay = layout or chunk_layout(cu_seqlens, B, T)
     N = lay.N
-    h = torch.empty(1 if lay.varlen else B, lay.n_chunks, H, K, V, dtype=h_dtype, device=W.device)
-    v_new = torch.empty_like(U)
+    if out is None:
+        h = torch.empty(1 if lay.varlen else B, lay.n_chunks, H, K, V, dtype=h_dtype, device=W.device)
+        v_new = torch.empty_like(U)
+    else:
+        h, v_new = out
     public = (N, H, K, V) if gate == "channel" else (N, H, V, K)
     final = torch.empty(public, dtype=torch.float32, device=W.device)
     if N * H == 0:

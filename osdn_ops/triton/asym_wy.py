@@ -181,7 +181,7 @@ WY_CONFIG = dict(block_out=128, num_warps=4, num_stages=2)
 
 def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Tensor],
             cu_seqlens: Optional[Tensor], gate: str, layout: Optional[ChunkLayout] = None,
-            inverse: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+            inverse: Optional[Tensor] = None, w_out: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """WY representation of each chunk: ``(Ainv, W, U)``.
 
     ``k, k_tilde [B,T,H,K]``, ``v [B,T,H,V]``, ``beta [B,T,H]``, ``G`` from :func:`gate_cumsum`
@@ -189,12 +189,13 @@ def wy_repr(k: Tensor, k_tilde: Tensor, v: Tensor, beta: Tensor, G: Optional[Ten
     ``(I + A)^{-1}``, columns past the chunk's end zero), ``W [B,T,H,K]`` and ``U [B,T,H,V]``
     in the input dtype (k.dtype, v.dtype): the half-precision products already round their
     operands to that type. ``inverse``: the ``Ainv`` of an earlier call on the same inputs; the
-    scores and the inversion are then skipped and only ``W``, ``U`` are formed from it.
+    scores and the inversion are then skipped and only ``W``, ``U`` are formed from it. ``w_out``: a contiguous
+    tensor of ``W``'s shape and dtype to write ``W`` into (the forward's kept states, :mod:`asym_kept`).
     """
     B, T, H, K = k.shape
     V = v.shape[-1]
     Ainv = torch.empty(B, T, H, CHUNK, dtype=torch.float32, device=k.device) if inverse is None else inverse
-    W = torch.empty_like(k)
+    W = torch.empty_like(k) if w_out is None else w_out
     U = torch.empty_like(v)
     lay = layout or chunk_layout(cu_seqlens, B, T)
     if lay.n_chunks * B * H == 0:

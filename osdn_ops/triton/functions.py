@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import checks
+from .. import checks, memory
 from . import kernels
 
 
@@ -34,17 +34,19 @@ class _PrecondScan(torch.autograd.Function):
 class _ChunkAsym(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate):
-        o, final, inverse = kernels.chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, scale, gate,
-                                                   save=True)
-        ctx.save_for_backward(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse)
+        o, final, inverse, states = kernels.chunk_asym_fwd(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens,
+                                                           scale, gate, save=True,
+                                                           keep_states=memory.keeping_chunk_states())
+        ctx.save_for_backward(q, k, k_tilde, v, g, beta, initial_state, cu_seqlens, inverse, states)
         ctx.scale, ctx.gate = scale, gate
         return o, final
 
     @staticmethod
     def backward(ctx, do, dht):
-        q, k, k_tilde, v, g, beta, h0, cu, inverse = ctx.saved_tensors
+        q, k, k_tilde, v, g, beta, h0, cu, inverse, states = ctx.saved_tensors
         dq, dk, dkt, dv, dg, dbeta, dh0 = kernels.chunk_asym_bwd(*checks.contiguous(do, dht), q, k, k_tilde, v, g,
-                                                                 beta, h0, cu, ctx.scale, ctx.gate, inverse=inverse)
+                                                                 beta, h0, cu, ctx.scale, ctx.gate, inverse=inverse,
+                                                                 states=states)
         return (dq, dk, dkt, dv, (dg if g is not None else None), dbeta, (dh0 if h0 is not None else None),
                 None, None, None)
 
