@@ -41,8 +41,9 @@ def test_forward(benchmark, problem, op):
     assert torch.isfinite(o).all()
 
 
-@pytest.mark.parametrize("op", OPS)
-def test_forward_backward(benchmark, problem, op):
+@pytest.mark.parametrize("op,keep", [(op, False) for op in OPS] + [(op, True) for op in OPS if op != "precond_scan"])
+def test_forward_backward(benchmark, problem, op, keep):
+    """``keep``: inside ``osdn_ops.keep_chunk_states()`` (the asym ops' backward then recomputes no states)."""
     x, run = _osdn_impl(op, problem, torch_kernels=False)
     leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
     do = torch.randn_like(run(leaves)[0])
@@ -50,7 +51,9 @@ def test_forward_backward(benchmark, problem, op):
     def fwd_bwd():
         for t in leaves.values():
             t.grad = None
-        run(leaves)[0].backward(do)
+        with osdn_ops.keep_chunk_states(keep):
+            o = run(leaves)[0]
+        o.backward(do)
         _sync()
 
     benchmark(fwd_bwd)
