@@ -8,7 +8,8 @@
 # limited to the given seconds. ONLY=REGEX runs only the groups whose names match, SKIP=REGEX all but those. On a
 # fresh 16-core machine all of it takes more than one ten-minute call: SKIP='small|other|api|bench|launch' about
 # seven minutes, then ONLY='small|other|api|bench|launch' (the tiny-shape kernel tests compile a variant per
-# shape: give them 400 seconds); "bench": precond_scan forms, the asym engine's stage breakdown and
+# shape: give them 400 seconds); "bench": precond_scan forms, the asym engine's stage breakdown, kept against
+# recomputed chunk states (benchmarks/kept_states.py) and
 # the comparison table with fla (python -m osdn_ops.bench) on S1 and S1-clamp, then S2 (about nine
 # minutes on a fresh machine). A ten-minute call runs "bench", or one of the two splits of "tests" above.
 # fla tunes its kernels on first call (minutes per shape on a fresh machine). Triton keeps each tuning
@@ -91,6 +92,8 @@ if [ -f benchmarks/bench_precond.py ]; then
   timeout 120 python3 benchmarks/bench_precond.py "$out/precond.md" > "$out/precond.log" 2>&1; tail -15 "$out/precond.log"
 fi
 timeout 45 python3 benchmarks/asym_stages.py --shapes S1 > "$out/stages.log" 2>&1; cat "$out/stages.log"
+timeout 200 python3 benchmarks/kept_states.py --shapes S1,S3 --markdown "$out/kept.md" > "$out/kept.log" 2>&1
+cat "$out/kept.md"
 timeout 150 python3 -m osdn_ops.bench --shapes S1,S1-clamp --markdown "$out/bench_S1.md" > "$out/bench.log" 2>&1
 save_tuning; cat "$out/bench_S1.md"
 timeout 120 python3 -m osdn_ops.bench --shapes S2 --markdown "$out/bench_S2.md" >> "$out/bench.log" 2>&1

@@ -8,7 +8,8 @@ chunk-start states, ``2 (K + V + K V / 64)`` bytes per token and head for bf16/f
 K = V = 128, twice that for fp32), held until the backward, which then skips both recomputations. The peak of one
 op's forward+backward does not grow (the backward would allocate them anyway); what grows is what a model holds
 between its forward and its backward, once per layer. CPU tensors and inputs that run the reference kernels keep
-nothing either way.
+nothing either way; the Triton functions of :mod:`osdn_ops.triton` follow the setting too (also under
+``TRITON_INTERPRET=1`` on CPU tensors, how CI tests it).
 
 The setting is read when a forward runs, or, under ``torch.compile``, when it is traced: a compiled function keeps
 what it was traced with (Dynamo guards on the setting and retraces when it changes).
