@@ -34,9 +34,16 @@ def _step(leaves, cu, seeds):
     return (o, s, d) + torch.autograd.grad(loss, list(leaves.values()))
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["recomputed", "kept_states"])
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 @pytest.mark.parametrize("gate", ["none", "scalar", "channel"])
-def test_graph_replay_equals_eager(gate, varlen):
+def test_graph_replay_equals_eager(gate, varlen, keep):
+    """``kept_states``: inside ``keep_chunk_states()`` (capture, replay and the eager run)."""
+    with osdn_ops.keep_chunk_states(keep):
+        _replay_equals_eager(gate, varlen)
+
+
+def _replay_equals_eager(gate, varlen):
     cu_list = CU if varlen else None
     leaves, cu = _leaves(gate, cu_list, seed=0)
     with torch.no_grad():                   # shapes only: no autograd graph may outlive this call
