@@ -56,6 +56,7 @@ if [ "$mode" != bench ]; then
   group forward_forms -k "gpu and not shapes and not int64" tests/test_triton_asym_fwd.py
   group opcheck -k cuda tests/test_opcheck.py
   group cuda_graphs tests/test_cuda_graphs.py
+  group compile -k gpu tests/test_compile.py
   group backward_shapes -k "gpu and (bench_shapes or long_sequence)" tests/test_triton_asym_bwd.py
   group backward_varlen -k "gpu and (varlen or deterministic)" tests/test_triton_asym_bwd.py
   group backward_strong_decay -k "gpu and strong_decay" tests/test_triton_asym_bwd.py
