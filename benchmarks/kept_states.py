@@ -15,23 +15,9 @@ import torch
 import triton
 
 import osdn_ops
-from osdn_ops.bench import GPU_SHAPES, _fla_impl, _osdn_impl, kernel_times, make_problem
+from osdn_ops.bench import GPU_SHAPES, _fla_impl, _osdn_impl, fwd_bwd_step, kernel_times, make_problem
 
 OPS = {"none": "chunk_delta_asym", "scalar": "chunk_gated_delta_asym", "channel": "chunk_kda_asym"}
-
-
-def fwd_bwd_step(run, x, keep=False):
-    """``(step, leaves)``: a forward+backward of ``run`` on fresh leaves of ``x`` with a fixed random seed ``do``."""
-    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-    do = torch.randn_like(run(leaves)[0])
-
-    def step():
-        for t in leaves.values():
-            t.grad = None
-        with osdn_ops.keep_chunk_states(keep):
-            o = run(leaves)[0]
-        o.backward(do)
-    return step, leaves
 
 
 def kernel_ms(step, reps=2):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import osdn_ops
-from osdn_ops.bench import CPU_SHAPES, GPU_SHAPES, OPS, _osdn_impl, make_problem
+from osdn_ops.bench import CPU_SHAPES, GPU_SHAPES, OPS, _osdn_impl, fwd_bwd_step, make_problem
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -45,15 +45,10 @@ def test_forward(benchmark, problem, op):
 def test_forward_backward(benchmark, problem, op, keep):
     """``keep``: inside ``osdn_ops.keep_chunk_states()`` (the asym ops' backward then recomputes no states)."""
     x, run = _osdn_impl(op, problem, torch_kernels=False)
-    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-    do = torch.randn_like(run(leaves)[0])
+    step, leaves = fwd_bwd_step(run, x, keep)
 
     def fwd_bwd():
-        for t in leaves.values():
-            t.grad = None
-        with osdn_ops.keep_chunk_states(keep):
-            o = run(leaves)[0]
-        o.backward(do)
+        step()
         _sync()
 
     benchmark(fwd_bwd)

@@ -155,6 +155,22 @@ def _osdn_impl(op: str, p: Problem, torch_kernels: bool):
     return x, run
 
 
+def fwd_bwd_step(run, x, keep=False):
+    """``(step, leaves)``: ``step()`` runs a forward+backward of ``run`` on ``leaves`` (fresh leaves of ``x``; their
+    gradients reset first) with a fixed random seed on the first output; ``keep``: the forward inside
+    ``osdn_ops.keep_chunk_states()``."""
+    leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
+    do = torch.randn_like(run(leaves)[0])
+
+    def step():
+        for t in leaves.values():
+            t.grad = None
+        with osdn_ops.keep_chunk_states(keep):
+            o = run(leaves)[0]
+        o.backward(do)
+    return step, leaves
+
+
 def _keeping(run):
     """``run`` inside ``osdn_ops.keep_chunk_states()``."""
     def kept(x):
@@ -292,15 +308,7 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
     with torch.no_grad():
         row.fwd = _time(lambda: run(x), device)
     try:
-        leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
-        o = run(leaves)[0]
-        do = torch.randn_like(o)
-
-        def step():
-            for t in leaves.values():
-                t.grad = None
-            outs = run(leaves)
-            torch.autograd.backward(outs[0], do)
+        step, leaves = fwd_bwd_step(run, x)
         row.fwd_bwd = _time(step, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
