@@ -15,24 +15,13 @@ import torch
 import triton
 
 import osdn_ops
-from osdn_ops.bench import GPU_SHAPES, _fla_impl, _osdn_impl, fwd_bwd_step, kernel_times, make_problem
+from osdn_ops.bench import GPU_SHAPES, _fla_impl, _osdn_impl, fwd_bwd_step, held_gib, kernel_times, make_problem
 
 OPS = {"none": "chunk_delta_asym", "scalar": "chunk_gated_delta_asym", "channel": "chunk_kda_asym"}
 
 
 def kernel_ms(step, reps=2):
     return [sum(kernel_times(step).values()) for _ in range(reps)]
-
-
-def held_gib(run, leaves, keep):
-    """Memory a forward holds for its backward: its outputs and saved tensors."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    with osdn_ops.keep_chunk_states(keep):
-        outs = run(leaves)
-    held = (torch.cuda.memory_allocated() - base) / 2**30
-    del outs
-    return held
 
 
 def main():

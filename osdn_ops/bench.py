@@ -171,6 +171,18 @@ def fwd_bwd_step(run, x, keep=False):
     return step, leaves
 
 
+def held_gib(run, leaves, keep=False) -> float:
+    """GiB of GPU memory that a forward of ``run`` on ``leaves`` holds for its backward (its outputs and saved
+    tensors); ``keep``: the forward inside ``osdn_ops.keep_chunk_states()``."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    with osdn_ops.keep_chunk_states(keep):
+        outs = run(leaves)
+    held = (torch.cuda.memory_allocated() - base) / 2**30
+    del outs
+    return held
+
+
 def _keeping(run):
     """``run`` inside ``osdn_ops.keep_chunk_states()``."""
     def kept(x):
@@ -317,12 +329,7 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
             step()
             torch.cuda.synchronize()
             row.peak_gib = (torch.cuda.max_memory_allocated() - base) / 2**30
-            for t in leaves.values():
-                t.grad = None
-            base = torch.cuda.memory_allocated()
-            outs = run(leaves)
-            row.held_gib = (torch.cuda.memory_allocated() - base) / 2**30
-            del outs
+            row.held_gib = held_gib(run, leaves)
             row.gpu_fwd_bwd = sum(kernel_times(step).values())
     except Exception as e:  # fla refuses some backward passes on some GPUs: report, don't hide
         row.note = f"bwd refused: {type(e).__name__}: {str(e).splitlines()[0][:60]}"
