@@ -11,7 +11,7 @@ import osdn_ops
 from osdn_ops.reference import asym_recurrent, precond_scan_recurrent
 from osdn_ops.testing import dtypes, precond_hparams, precond_problems, problems
 
-from .helpers import DEVICE, Errors, bound, cotangents, few, kernel_shapes, leaves, require_triton, vjp
+from .helpers import DEVICE, INTERPRETED, Errors, bound, cotangents, few, kernel_shapes, leaves, require_triton, vjp
 
 ALL_DTYPES = dtypes((torch.float32, torch.bfloat16, torch.float64))
 ASYM = ("q", "k", "k_tilde", "v", "g", "beta", "initial_state")
@@ -103,3 +103,26 @@ def test_asym_triton_vs_oracle(p):
     mod = require_triton()
     named = {n: getattr(p, n) for n in ASYM}
     _compare("asym_triton", "triton", p, _asym_fn(p, mod), _asym_fn(p), named, f"gate={p.gate}")
+
+
+@few()
+@given(problems(shape=kernel_shapes(), device=DEVICE,
+                dtype=dtypes((torch.float32,) if INTERPRETED else (torch.float32, torch.bfloat16))))
+def test_asym_triton_kept_states_change_no_bit(p):
+    """``keep_chunk_states`` changes what the forward holds for the backward, not the results: outputs, final
+    state and every gradient are bitwise those of the backward that recomputes the chunk states (fp32 here; on a
+    GPU also bf16, whose kept states the interpreter rounds differently)."""
+    mod = require_triton()
+    named = {n: getattr(p, n) for n in ASYM}
+    fn = _asym_fn(p, mod)
+    with torch.no_grad():
+        cots = cotangents(fn(**named), seed=9)
+    runs = []
+    for keep in (False, True):
+        with osdn_ops.keep_chunk_states(keep):
+            runs.append(vjp(fn, leaves(named), cots))
+    (out, grads), (out_kept, grads_kept) = runs
+    for i, (a, b) in enumerate(zip(out, out_kept)):
+        assert torch.isfinite(a).all() and torch.equal(a, b), f"out{i}"
+    for n, a in grads.items():
+        assert torch.isfinite(a).all() and torch.equal(a, grads_kept[n]), f"d{n}"
