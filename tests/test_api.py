@@ -147,6 +147,26 @@ def _unused_output_case(gate, device, dtype):
 
 
 @pytest.mark.parametrize("gate", list(ASYM))
+def test_second_order_gradients_raise(gate):
+    """Gradients are first order: a first backward with ``create_graph=True`` works and gives the plain
+    gradients, and a backward through it raises (the backward ops have no autograd formula) instead of
+    returning a silently wrong second derivative."""
+    x = asym_problem(gate, T=20, requires_grad=True, seed=21)
+    kt, _ = osdn_ops.precond_scan(x["k"], x["beta"], eta=0.5)
+    o, _ = asym_call(ASYM[gate], gate, dict(x, k_tilde=kt))
+    dq, dk = torch.autograd.grad(o.square().sum(), [x["q"], x["k"]], create_graph=True)
+    want = torch.autograd.grad(o.square().sum(), [x["q"], x["k"]], retain_graph=True)
+    torch.testing.assert_close(dq, want[0])
+    torch.testing.assert_close(dk, want[1])
+    for first in (dq, dk):
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            torch.autograd.grad(first.sum(), x["q"], retain_graph=True)
+    dk_pre, = torch.autograd.grad(kt.square().sum(), x["k"], create_graph=True)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        torch.autograd.grad(dk_pre.sum(), x["k"])
+
+
+@pytest.mark.parametrize("gate", list(ASYM))
 def test_gradients_when_one_output_is_unused(gate):
     _unused_output_case(gate, "cpu", torch.float64)
 
