@@ -11,8 +11,9 @@ between its forward and its backward, once per layer. CPU tensors and inputs tha
 nothing either way; the Triton functions of :mod:`osdn_ops.triton` follow the setting too (also under
 ``TRITON_INTERPRET=1`` on CPU tensors, how CI tests it).
 
-The setting is read when a forward runs, or, under ``torch.compile``, when it is traced: a compiled function keeps
-what it was traced with (Dynamo guards on the setting and retraces when it changes).
+The setting is process-wide (not per thread), like ``torch.backends`` flags. It is read when a forward runs, or,
+under ``torch.compile``, when it is traced: a compiled function keeps what it was traced with (Dynamo guards on the
+setting and retraces when it changes).
 """
 from __future__ import annotations
 
