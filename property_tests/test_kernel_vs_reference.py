@@ -110,8 +110,8 @@ def test_asym_triton_vs_oracle(p):
                 dtype=dtypes((torch.float32,) if INTERPRETED else (torch.float32, torch.bfloat16))))
 def test_asym_triton_kept_states_change_no_bit(p):
     """``keep_chunk_states`` changes what the forward holds for the backward, not the results: outputs, final
-    state and every gradient are bitwise those of the backward that recomputes the chunk states (fp32 here; on a
-    GPU also bf16, whose kept states the interpreter rounds differently)."""
+    state and every gradient are bitwise those of the backward that recomputes the chunk states. fp32 under the
+    interpreter, whose recomputing backward holds a bf16 input's chunk states in fp32; bf16 too on a GPU."""
     mod = require_triton()
     named = {n: getattr(p, n) for n in ASYM}
     fn = _asym_fn(p, mod)
