@@ -15,7 +15,8 @@ import torch
 import triton
 
 import osdn_ops
-from osdn_ops.bench import GPU_SHAPES, _fla_impl, _osdn_impl, fwd_bwd_step, held_gib, kernel_times, make_problem
+from osdn_ops.bench import (GPU_SHAPES, _fla_impl, _osdn_impl, fwd_bwd_step, held_gib, keeping, kernel_times,
+                            make_problem)
 
 OPS = {"none": "chunk_delta_asym", "scalar": "chunk_gated_delta_asym", "channel": "chunk_kda_asym"}
 
@@ -57,11 +58,12 @@ def main():
             x, run = _osdn_impl(OPS[gate], p, torch_kernels=False)
             ms, grads, held = {}, {}, {}
             for keep in (False, True):
-                step, leaves = fwd_bwd_step(run, x, keep)
+                run_k = keeping(run, keep)
+                step, leaves = fwd_bwd_step(run_k, x)
                 step()
                 grads[keep] = [t.grad.clone() for t in leaves.values()]
                 ms[keep] = kernel_ms(step)
-                held[keep] = held_gib(run, leaves, keep)
+                held[keep] = held_gib(run_k, leaves)
             same = all(torch.equal(a, b) for a, b in zip(grads[False], grads[True]))
             finite = all(torch.isfinite(a).all().item() for a in grads[True])
             del grads

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import osdn_ops
-from osdn_ops.bench import CPU_SHAPES, GPU_SHAPES, OPS, _osdn_impl, fwd_bwd_step, make_problem
+from osdn_ops.bench import CPU_SHAPES, GPU_SHAPES, OPS, _osdn_impl, fwd_bwd_step, keeping, make_problem
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -45,7 +45,7 @@ def test_forward(benchmark, problem, op):
 def test_forward_backward(benchmark, problem, op, keep):
     """``keep``: inside ``osdn_ops.keep_chunk_states()`` (the asym ops' backward then recomputes no states)."""
     x, run = _osdn_impl(op, problem, torch_kernels=False)
-    step, leaves = fwd_bwd_step(run, x, keep)
+    step, leaves = fwd_bwd_step(keeping(run, keep), x)
 
     def fwd_bwd():
         step()

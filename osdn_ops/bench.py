@@ -155,38 +155,34 @@ def _osdn_impl(op: str, p: Problem, torch_kernels: bool):
     return x, run
 
 
-def fwd_bwd_step(run, x, keep=False):
+def fwd_bwd_step(run, x):
     """``(step, leaves)``: ``step()`` runs a forward+backward of ``run`` on ``leaves`` (fresh leaves of ``x``; their
-    gradients reset first) with a fixed random seed on the first output; ``keep``: the forward inside
-    ``osdn_ops.keep_chunk_states()``."""
+    gradients reset first) with a fixed random seed on the first output."""
     leaves = {n: t.detach().requires_grad_() for n, t in x.items()}
     do = torch.randn_like(run(leaves)[0])
 
     def step():
         for t in leaves.values():
             t.grad = None
-        with osdn_ops.keep_chunk_states(keep):
-            o = run(leaves)[0]
-        o.backward(do)
+        run(leaves)[0].backward(do)
     return step, leaves
 
 
-def held_gib(run, leaves, keep=False) -> float:
+def held_gib(run, leaves) -> float:
     """GiB of GPU memory that a forward of ``run`` on ``leaves`` holds for its backward (its outputs and saved
-    tensors); ``keep``: the forward inside ``osdn_ops.keep_chunk_states()``."""
+    tensors)."""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
-    with osdn_ops.keep_chunk_states(keep):
-        outs = run(leaves)
+    outs = run(leaves)
     held = (torch.cuda.memory_allocated() - base) / 2**30
     del outs
     return held
 
 
-def _keeping(run):
-    """``run`` inside ``osdn_ops.keep_chunk_states()``."""
+def keeping(run, keep=True):
+    """``run`` with its forwards inside ``osdn_ops.keep_chunk_states(keep)``."""
     def kept(x):
-        with osdn_ops.keep_chunk_states():
+        with osdn_ops.keep_chunk_states(keep):
             return run(x)
     return kept
 
@@ -316,7 +312,7 @@ def bench_one(op, impl, p: Problem, device, check: bool) -> Row:
     else:
         x, run = _osdn_impl(op, p, torch_kernels=impl == "torch")
         if impl == "osdn-kept":
-            run = _keeping(run)
+            run = keeping(run)
     with torch.no_grad():
         row.fwd = _time(lambda: run(x), device)
     try:
